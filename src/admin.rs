@@ -1,0 +1,42 @@
+//! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process runs) and
+//! `/readyz` (the log is open and the client listener bound; 503 while starting or draining).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use http::Request;
+use hyper::body::Incoming;
+
+use crate::facade::{plain, Resp};
+use crate::metrics::Metrics;
+
+/// Admin state.
+#[derive(Clone)]
+pub struct Admin {
+    /// Metrics to render.
+    pub metrics: Metrics,
+    /// Readiness.
+    pub ready: Arc<AtomicBool>,
+}
+
+impl Admin {
+    /// Serves one admin request.
+    pub async fn handle(self, req: Request<Incoming>) -> Resp {
+        match req.uri().path() {
+            "/metrics" => plain(
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                self.metrics.render(),
+            ),
+            "/healthz" => plain(200, "text/plain", "ok\n"),
+            "/readyz" => {
+                if self.ready.load(Ordering::Acquire) {
+                    plain(200, "text/plain", "ready\n")
+                } else {
+                    plain(503, "text/plain", "not ready\n")
+                }
+            }
+            _ => plain(404, "text/plain", "Not Found"),
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Wiring: open the log (recovering it), build the metrics and the registry, bind the listeners,
+//! spawn the tasks — and take it all down again in the right order.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::admin::Admin;
+use crate::config::Config;
+use crate::facade::Ctx;
+use crate::listen;
+use crate::log::{Log, Recovery};
+use crate::metrics::{EndReason, Metrics};
+use crate::session::Registry;
+use crate::shutdown::Drain;
+use crate::stream::StreamEnv;
+
+/// A failure to start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A listener could not be bound.
+    #[error("cannot bind {what} {addr}: {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// Address.
+        addr: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The log could not be opened.
+    #[error("cannot open the log in {dir}: {source}")]
+    Log {
+        /// Directory.
+        dir: String,
+        /// Cause.
+        source: crate::error::Error,
+    },
+}
+
+/// A running proxy.
+pub struct Running {
+    /// Client listener address.
+    pub addr: SocketAddr,
+    /// Admin listener address.
+    pub admin_addr: SocketAddr,
+    /// What recovery found.
+    pub recovery: Recovery,
+    /// Metrics (for tests and the demo).
+    pub metrics: Metrics,
+    /// The registry (for tests and the demo).
+    pub registry: Arc<Registry>,
+    grace: Duration,
+    ready: Arc<AtomicBool>,
+    stop: watch::Sender<bool>,
+    drain: Drain,
+    client: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
+    admin: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
+    janitor: JoinHandle<()>,
+    log: Arc<Log>,
+}
+
+async fn bind(what: &'static str, addr: &str) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind {
+            what,
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// Starts the proxy: admin first (so `/healthz` answers during recovery), then the log, then the
+/// client listener; ready once all three are up.
+///
+/// # Errors
+/// [`StartError`] when a listener cannot be bound or the log cannot be opened.
+pub async fn start(cfg: Config) -> Result<Running, StartError> {
+    let cfg = Arc::new(cfg);
+    let metrics = Metrics::new();
+    let ready = Arc::new(AtomicBool::new(false));
+    let (stop, stop_rx) = watch::channel(false);
+
+    let admin_listener = bind("admin listener", &cfg.admin.addr).await?;
+    let admin_addr = admin_listener.local_addr().expect("bound");
+    let admin = Admin {
+        metrics: metrics.clone(),
+        ready: ready.clone(),
+    };
+    let admin = tokio::spawn(listen::serve(
+        admin_listener,
+        64,
+        move |req| admin.clone().handle(req),
+        stop_rx.clone(),
+    ));
+
+    let (log, recovery) = Log::open(&cfg.log, metrics.clone())
+        .await
+        .map_err(|source| StartError::Log {
+            dir: cfg.log.dir.display().to_string(),
+            source,
+        })?;
+    tracing::info!(?recovery, dir = %cfg.log.dir.display(), "log open");
+
+    let listener = bind("client listener", &cfg.listen.addr).await?;
+    let addr = listener.local_addr().expect("bound");
+    let registry = Registry::new(cfg.clone(), log.clone(), metrics.clone());
+    let drain = Drain::new();
+    let ctx = Arc::new(Ctx {
+        cfg: cfg.clone(),
+        reg: registry.clone(),
+        env: StreamEnv {
+            log: log.clone(),
+            metrics: metrics.clone(),
+            keepalive: cfg.keepalive(),
+            drain: drain.watch(),
+        },
+    });
+    let client = tokio::spawn(listen::serve(
+        listener,
+        cfg.listen.max_connections,
+        move |req| listen::route(ctx.clone(), req),
+        stop_rx.clone(),
+    ));
+    let janitor = tokio::spawn(registry.clone().janitor(stop_rx));
+    ready.store(true, Ordering::Release);
+    tracing::info!(%addr, %admin_addr, "listening");
+    Ok(Running {
+        addr,
+        admin_addr,
+        recovery,
+        metrics,
+        registry,
+        grace: Duration::from_secs(cfg.shutdown.grace_secs),
+        ready,
+        stop,
+        drain,
+        client,
+        admin,
+        janitor,
+        log,
+    })
+}
+
+impl Running {
+    /// Drains and stops: not ready; stop accepting; end client streams; end sessions (in-flight
+    /// requests answered, upstreams closed); wait for connections (bounded by the grace period);
+    /// flush the log and mark it clean.
+    pub async fn stop(self) {
+        self.ready.store(false, Ordering::Release);
+        let _ = self.stop.send(true);
+        self.drain.start();
+        let deadline = tokio::time::Instant::now() + self.grace;
+        let sessions = self.registry.end_all(EndReason::Shutdown);
+        if tokio::time::timeout_at(deadline, sessions).await.is_err() {
+            tracing::warn!("grace period over while ending sessions");
+        }
+        for task in [self.client, self.admin] {
+            if let Ok(graceful) = task.await {
+                if tokio::time::timeout_at(deadline, graceful.shutdown())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!("grace period over with connections still open");
+                }
+            }
+        }
+        let _ = self.janitor.await;
+        match self.log.close().await {
+            Ok(()) => tracing::info!("log flushed and marked clean"),
+            Err(e) => tracing::error!(error = %e, "final log flush failed"),
+        }
+    }
+}
+
+/// Runs the proxy until `shutdown` completes, then drains.
+///
+/// # Errors
+/// [`StartError`] when it cannot start.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+    let running = start(cfg).await?;
+    println!(
+        "mcp-resume-proxy listening on http://{} (admin http://{})",
+        running.addr, running.admin_addr
+    );
+    shutdown.await;
+    running.stop().await;
+    Ok(())
+}

@@ -1,0 +1,514 @@
+//! Configuration: the TOML file of design.md §7, CLI overrides, defaults and validation.
+//!
+//! Loading is three steps — [`Config::load`] reads the file, [`Config::from_toml`] parses it (unknown
+//! keys are rejected so a typo in a sidecar config fails at startup), [`Config::validate`] checks
+//! values. All of it happens before any port is bound; `main` maps a [`ConfigError`] to exit code 64.
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A configuration error: one line naming the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("config: cannot read {path}: {source}")]
+    Read {
+        /// The path given.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The TOML did not parse or named an unknown key.
+    #[error("config: {0}")]
+    Parse(String),
+    /// A key has a value that cannot work.
+    #[error("config: invalid `{key}`: {reason}")]
+    Invalid {
+        /// Dotted key, e.g. `upstream.sse_url`.
+        key: &'static str,
+        /// Why the value is rejected.
+        reason: String,
+    },
+}
+
+/// The whole configuration; each section belongs to one component.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Client-facing listener.
+    pub listen: ListenConfig,
+    /// Admin listener (`/metrics`, `/healthz`, `/readyz`).
+    pub admin: AdminConfig,
+    /// The legacy HTTP+SSE MCP server behind the proxy.
+    pub upstream: UpstreamConfig,
+    /// The legacy HTTP+SSE face.
+    pub legacy: LegacyConfig,
+    /// The Streamable HTTP face.
+    pub streamable: StreamableConfig,
+    /// The event log.
+    pub log: LogConfig,
+    /// Session lifetimes and limits.
+    pub sessions: SessionsConfig,
+    /// Graceful shutdown.
+    pub shutdown: ShutdownConfig,
+}
+
+/// `[listen]`: where clients connect.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ListenConfig {
+    /// Address of the client listener.
+    pub addr: String,
+    /// Most client connections served at once; further accepts wait.
+    pub max_connections: usize,
+}
+
+/// `[admin]`: metrics and probes.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin listener.
+    pub addr: String,
+}
+
+/// `[upstream]`: the unmodified legacy server.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpstreamConfig {
+    /// URL of the upstream's SSE endpoint (`http://host:port/path`).
+    pub sse_url: String,
+    /// Timeout of one forwarded POST, in seconds.
+    pub post_timeout_secs: u64,
+    /// Timeout for opening the upstream SSE stream and reading its `endpoint` event, in seconds.
+    pub connect_timeout_secs: u64,
+    /// Largest upstream SSE event accepted, in bytes; larger ones are dropped, counted and reported.
+    pub max_event_bytes: usize,
+}
+
+/// `[legacy]`: paths of the legacy face.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LegacyConfig {
+    /// Path of the SSE endpoint (`GET` opens or resumes a session).
+    pub sse_path: String,
+    /// Path of the message endpoint (`POST ?session_id=`).
+    pub message_path: String,
+}
+
+/// `[streamable]`: the Streamable HTTP face.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamableConfig {
+    /// Path of the MCP endpoint.
+    pub path: String,
+    /// Origins allowed on the MCP endpoint (exact match); requests without `Origin` are always allowed.
+    pub allowed_origins: Vec<String>,
+}
+
+/// How appends become durable.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    /// Flush to disk (group commit) before any client sees an event.
+    Fsync,
+    /// Write to the store and let it flush in the background; an unclean stop seals the epoch.
+    Relaxed,
+}
+
+/// `[log]`: the sled event log.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// Data directory of the log.
+    pub dir: PathBuf,
+    /// `fsync` or `relaxed`.
+    pub durability: Durability,
+    /// Events retained per session; older ones are trimmed.
+    pub max_events_per_session: u64,
+    /// Payload bytes retained per session; older events are trimmed.
+    pub max_bytes_per_session: u64,
+    /// Payload bytes retained by the whole process; ended sessions are evicted first, then new
+    /// sessions are refused with 503.
+    pub max_total_bytes: u64,
+}
+
+/// `[sessions]`: lifetimes and limits.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SessionsConfig {
+    /// Seconds the upstream is kept open with no client attached.
+    pub idle_ttl_secs: u64,
+    /// Seconds the log of an ended session is kept for late resumers.
+    pub retain_ended_secs: u64,
+    /// Most live sessions at once.
+    pub max_sessions: usize,
+    /// Seconds between keepalive comments on every client SSE stream.
+    pub keepalive_secs: u64,
+}
+
+/// `[shutdown]`: draining on SIGTERM/SIGINT.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShutdownConfig {
+    /// Seconds allowed for the drain before the process exits anyway.
+    pub grace_secs: u64,
+}
+
+impl Default for ListenConfig {
+    fn default() -> Self {
+        Self {
+            addr: "127.0.0.1:8080".into(),
+            max_connections: 10_000,
+        }
+    }
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            addr: "127.0.0.1:9090".into(),
+        }
+    }
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            sse_url: "http://127.0.0.1:8000/sse".into(),
+            post_timeout_secs: 30,
+            connect_timeout_secs: 10,
+            max_event_bytes: 4 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for LegacyConfig {
+    fn default() -> Self {
+        Self {
+            sse_path: "/sse".into(),
+            message_path: "/messages".into(),
+        }
+    }
+}
+
+impl Default for StreamableConfig {
+    fn default() -> Self {
+        Self {
+            path: "/mcp".into(),
+            allowed_origins: Vec::new(),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            dir: PathBuf::from("./data"),
+            durability: Durability::Fsync,
+            max_events_per_session: 10_000,
+            max_bytes_per_session: 64 * 1024 * 1024,
+            max_total_bytes: 1024 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        Self {
+            idle_ttl_secs: 300,
+            retain_ended_secs: 600,
+            max_sessions: 10_000,
+            keepalive_secs: 15,
+        }
+    }
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self { grace_secs: 10 }
+    }
+}
+
+/// Values given on the command line; each one, when set, overrides the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--upstream URL` → `upstream.sse_url`.
+    pub upstream: Option<String>,
+    /// `--listen ADDR` → `listen.addr`.
+    pub listen: Option<String>,
+    /// `--admin-listen ADDR` → `admin.addr`.
+    pub admin_listen: Option<String>,
+    /// `--data-dir DIR` → `log.dir`.
+    pub data_dir: Option<PathBuf>,
+}
+
+/// An `http://host:port/path` URL split into the parts the upstream link needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    /// `host:port` authority as written (also the `Host` header sent upstream).
+    pub authority: String,
+    /// Path and query, starting with `/`.
+    pub path_and_query: String,
+}
+
+impl HttpUrl {
+    /// Parses an absolute `http://` URL. Only plain HTTP: a sidecar talks to its server over loopback.
+    ///
+    /// # Errors
+    /// A reason string when the URL is not an absolute `http://` URL with a host.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => return Err(format!("scheme `{other}` is not supported (use http://)")),
+            None => return Err("must be an absolute http:// URL".into()),
+        }
+        let authority = uri.authority().ok_or("missing host")?.as_str().to_string();
+        if authority.contains('@') {
+            return Err("userinfo is not supported".into());
+        }
+        let path_and_query = uri
+            .path_and_query()
+            .map(|p| p.as_str().to_string())
+            .unwrap_or_else(|| "/".into());
+        Ok(Self {
+            authority,
+            path_and_query,
+        })
+    }
+
+    /// The URL as text.
+    pub fn to_url(&self) -> String {
+        format!("http://{}{}", self.authority, self.path_and_query)
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates the file at `path` (or the defaults when `None`), with `over`
+    /// applied on top.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the key (or the file) at fault.
+    pub fn load(path: Option<&Path>, over: &Overrides) -> Result<Self, ConfigError> {
+        let mut cfg = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                Self::from_toml(&text)?
+            }
+            None => Self::default(),
+        };
+        cfg.apply(over);
+        cfg.validate()
+    }
+
+    /// Parses TOML text; unknown keys are errors.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] with the parser's message, which names the key and line.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string().replace('\n', " ")))
+    }
+
+    /// Applies command-line overrides.
+    pub fn apply(&mut self, over: &Overrides) {
+        if let Some(u) = &over.upstream {
+            self.upstream.sse_url = u.clone();
+        }
+        if let Some(a) = &over.listen {
+            self.listen.addr = a.clone();
+        }
+        if let Some(a) = &over.admin_listen {
+            self.admin.addr = a.clone();
+        }
+        if let Some(d) = &over.data_dir {
+            self.log.dir = d.clone();
+        }
+    }
+
+    /// Checks every value that could only fail later, at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first bad key.
+    pub fn validate(self) -> Result<Self, ConfigError> {
+        fn bad(key: &'static str, reason: impl Into<String>) -> ConfigError {
+            ConfigError::Invalid {
+                key,
+                reason: reason.into(),
+            }
+        }
+        fn addr(key: &'static str, v: &str) -> Result<(), ConfigError> {
+            v.parse::<SocketAddr>()
+                .map(|_| ())
+                .map_err(|_| bad(key, format!("`{v}` is not an IP:port address")))
+        }
+        fn path(key: &'static str, v: &str) -> Result<(), ConfigError> {
+            if !v.starts_with('/') || v.contains(['?', '#', ' ']) {
+                return Err(bad(
+                    key,
+                    format!("`{v}` must be an absolute path without query"),
+                ));
+            }
+            Ok(())
+        }
+        fn positive(key: &'static str, v: u64) -> Result<(), ConfigError> {
+            if v == 0 {
+                return Err(bad(key, "must be greater than 0"));
+            }
+            Ok(())
+        }
+        addr("listen.addr", &self.listen.addr)?;
+        addr("admin.addr", &self.admin.addr)?;
+        positive("listen.max_connections", self.listen.max_connections as u64)?;
+        HttpUrl::parse(&self.upstream.sse_url).map_err(|r| bad("upstream.sse_url", r))?;
+        positive(
+            "upstream.post_timeout_secs",
+            self.upstream.post_timeout_secs,
+        )?;
+        positive(
+            "upstream.connect_timeout_secs",
+            self.upstream.connect_timeout_secs,
+        )?;
+        if self.upstream.max_event_bytes < 1024 {
+            return Err(bad("upstream.max_event_bytes", "must be at least 1024"));
+        }
+        path("legacy.sse_path", &self.legacy.sse_path)?;
+        path("legacy.message_path", &self.legacy.message_path)?;
+        path("streamable.path", &self.streamable.path)?;
+        let paths = [
+            &self.legacy.sse_path,
+            &self.legacy.message_path,
+            &self.streamable.path,
+        ];
+        if paths[0] == paths[1] || paths[0] == paths[2] || paths[1] == paths[2] {
+            return Err(bad("streamable.path", "the three client paths must differ"));
+        }
+        for o in &self.streamable.allowed_origins {
+            if !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/') {
+                return Err(bad(
+                    "streamable.allowed_origins",
+                    format!("`{o}` is not an origin like https://host:port"),
+                ));
+            }
+        }
+        if self.log.dir.as_os_str().is_empty() {
+            return Err(bad("log.dir", "must not be empty"));
+        }
+        positive(
+            "log.max_events_per_session",
+            self.log.max_events_per_session,
+        )?;
+        positive("log.max_bytes_per_session", self.log.max_bytes_per_session)?;
+        if self.log.max_total_bytes < self.log.max_bytes_per_session {
+            return Err(bad(
+                "log.max_total_bytes",
+                "must be at least log.max_bytes_per_session",
+            ));
+        }
+        positive("sessions.idle_ttl_secs", self.sessions.idle_ttl_secs)?;
+        positive("sessions.max_sessions", self.sessions.max_sessions as u64)?;
+        positive("sessions.keepalive_secs", self.sessions.keepalive_secs)?;
+        positive("shutdown.grace_secs", self.shutdown.grace_secs)?;
+        Ok(self)
+    }
+
+    /// The upstream SSE URL, parsed (validated by [`Config::validate`]).
+    pub fn upstream_url(&self) -> HttpUrl {
+        HttpUrl::parse(&self.upstream.sse_url).expect("validated upstream.sse_url")
+    }
+
+    /// Keepalive period.
+    pub fn keepalive(&self) -> Duration {
+        Duration::from_secs(self.sessions.keepalive_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_match_design() {
+        let c = Config::default().validate().unwrap();
+        assert_eq!(c.listen.addr, "127.0.0.1:8080");
+        assert_eq!(c.admin.addr, "127.0.0.1:9090");
+        assert_eq!(c.upstream.post_timeout_secs, 30);
+        assert_eq!(c.legacy.sse_path, "/sse");
+        assert_eq!(c.legacy.message_path, "/messages");
+        assert_eq!(c.streamable.path, "/mcp");
+        assert_eq!(c.log.durability, Durability::Fsync);
+        assert_eq!(c.log.max_events_per_session, 10_000);
+        assert_eq!(c.log.max_bytes_per_session, 67_108_864);
+        assert_eq!(c.sessions.idle_ttl_secs, 300);
+        assert_eq!(c.sessions.retain_ended_secs, 600);
+        assert_eq!(c.sessions.max_sessions, 10_000);
+        assert_eq!(c.sessions.keepalive_secs, 15);
+    }
+
+    #[test]
+    fn example_file_parses_to_defaults() {
+        let text = include_str!("../proxy.toml.example");
+        let c = Config::from_toml(text).unwrap().validate().unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_toml("[log]\ndurabilty = \"fsync\"\n").unwrap_err();
+        assert!(err.to_string().contains("durabilty"), "{err}");
+        let err = Config::from_toml("[nope]\n").unwrap_err();
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let cases = [
+            ("[log]\ndurability = \"sometimes\"\n", "sometimes"),
+            ("[listen]\naddr = \"localhost\"\n", "listen.addr"),
+            (
+                "[upstream]\nsse_url = \"https://x/sse\"\n",
+                "upstream.sse_url",
+            ),
+            ("[upstream]\nsse_url = \"/sse\"\n", "upstream.sse_url"),
+            ("[legacy]\nsse_path = \"sse\"\n", "legacy.sse_path"),
+            (
+                "[sessions]\nkeepalive_secs = 0\n",
+                "sessions.keepalive_secs",
+            ),
+            ("[log]\nmax_total_bytes = 10\n", "log.max_total_bytes"),
+            ("[streamable]\npath = \"/sse\"\n", "streamable.path"),
+        ];
+        for (text, key) in cases {
+            let err = Config::from_toml(text)
+                .and_then(Config::validate)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{text:?} -> {err}");
+            assert!(!err.contains('\n'), "one line: {err}");
+        }
+    }
+
+    #[test]
+    fn overrides_win_over_file() {
+        let mut c = Config::from_toml("[listen]\naddr = \"127.0.0.1:1\"\n").unwrap();
+        c.apply(&Overrides {
+            listen: Some("127.0.0.1:2".into()),
+            data_dir: Some("/tmp/x".into()),
+            ..Default::default()
+        });
+        assert_eq!(c.listen.addr, "127.0.0.1:2");
+        assert_eq!(c.log.dir, PathBuf::from("/tmp/x"));
+    }
+
+    #[test]
+    fn http_url_parts() {
+        let u = HttpUrl::parse("http://127.0.0.1:8000/sse?x=1").unwrap();
+        assert_eq!(u.authority, "127.0.0.1:8000");
+        assert_eq!(u.path_and_query, "/sse?x=1");
+        assert_eq!(u.to_url(), "http://127.0.0.1:8000/sse?x=1");
+    }
+}

@@ -1,0 +1,151 @@
+//! The legacy HTTP+SSE face (spec 2024-11-05), for old clients.
+//!
+//! `GET {sse_path}` opens a session and answers the proxy's own `endpoint` event, then `id:`-carrying
+//! `message` events from the log. `GET {sse_path}` with `Last-Event-ID` resumes that same session —
+//! the cursor carries the session id, so an `EventSource` that reconnects to the same URL keeps its
+//! session and loses nothing. `POST {message_path}?session_id=` forwards a message upstream.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request};
+use hyper::body::Incoming;
+
+use super::{
+    error_response, json_error, plain, query_param, read_body, refusal, sse_response, Ctx, Resp,
+};
+use crate::error::Error;
+use crate::jsonrpc;
+use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
+use crate::log::{Kind, StreamTag};
+use crate::metrics::Facade;
+use crate::sse::encode;
+use crate::stream::{self, Filter, StreamSpec};
+
+/// Serves one request to the SSE path.
+pub async fn sse(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    if req.method() != Method::GET {
+        let mut r = plain(405, "text/plain", "Method Not Allowed");
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
+        return r;
+    }
+    match req.headers().get("last-event-id") {
+        None => open(ctx).await,
+        Some(v) => resume(ctx, v.to_str().unwrap_or("\u{fffd}")).await,
+    }
+}
+
+fn endpoint_frame(ctx: &Ctx, id: &SessionId) -> Bytes {
+    let url = format!("{}?session_id={id}", ctx.cfg.legacy.message_path);
+    encode::event(None, Some("endpoint"), url.as_bytes())
+}
+
+async fn open(ctx: &Arc<Ctx>) -> Resp {
+    let session = match ctx.reg.open(Facade::Legacy, None).await {
+        Ok(s) => s,
+        Err(e) => return error_response(&e, None),
+    };
+    let spec = StreamSpec {
+        log: session.log.clone(),
+        after: 0,
+        filter: Filter::Stream(StreamTag::LEGACY),
+        preamble: vec![endpoint_frame(ctx, &session.id)],
+        replay_until: 0,
+        facade: Facade::Legacy,
+        attachment: session.attach(StreamTag::LEGACY, false),
+        end_on_final: false,
+    };
+    sse_response(stream::spawn(spec, ctx.env.clone()), None)
+}
+
+async fn resume(ctx: &Arc<Ctx>, last_event_id: &str) -> Resp {
+    let m = &ctx.reg.metrics;
+    let Some(cursor) = Cursor::parse(last_event_id) else {
+        return refusal(m, Refusal::MalformedCursor, last_event_id, None, None);
+    };
+    let log = &ctx.reg.log;
+    let Some(sl) = log.get(&cursor.session) else {
+        return refusal(
+            m,
+            Refusal::UnknownSession,
+            last_event_id,
+            Some(cursor.session),
+            None,
+        );
+    };
+    let ranges = sl.ranges();
+    let after = match check_resume(&cursor, &ranges, false) {
+        Ok(a) => a,
+        Err(r) => return refusal(m, r, last_event_id, Some(cursor.session), Some((log, &sl))),
+    };
+    if sl.ended().is_some() && nothing_left(ctx, &sl, after) {
+        // The history after this cursor is complete and empty: say the session is over rather
+        // than open a stream that ends at once (an EventSource would reconnect forever).
+        return error_response(&Error::UnknownSession, None);
+    }
+    m.resume(Facade::Legacy);
+    tracing::info!(session = %sl.id, last_event_id, head = ranges.head, "legacy resume served");
+    let attachment = ctx
+        .reg
+        .live(&cursor.session)
+        .and_then(|s| s.attach(StreamTag::LEGACY, false));
+    let spec = StreamSpec {
+        log: sl.clone(),
+        after,
+        filter: Filter::Stream(StreamTag::LEGACY),
+        preamble: vec![endpoint_frame(ctx, &sl.id)],
+        replay_until: ranges.head,
+        facade: Facade::Legacy,
+        attachment,
+        end_on_final: false,
+    };
+    sse_response(stream::spawn(spec, ctx.env.clone()), None)
+}
+
+/// Is everything after `after` only the end marker?
+fn nothing_left(ctx: &Ctx, sl: &crate::log::SessionLog, after: u64) -> bool {
+    match ctx.reg.log.read_after(sl, after, 2) {
+        Ok(evs) => evs.first().is_some_and(|e| e.kind == Kind::End),
+        Err(_) => false,
+    }
+}
+
+/// Serves one request to the message path.
+pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    if req.method() != Method::POST {
+        let mut r = plain(405, "text/plain", "Method Not Allowed");
+        r.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+        return r;
+    }
+    let Some(raw) = query_param(req.uri().query(), "session_id") else {
+        return error_response(&Error::BadRequest("session_id is required".into()), None);
+    };
+    let Some(id) = SessionId::parse(raw) else {
+        return error_response(&Error::BadRequest("invalid session_id".into()), None);
+    };
+    let Some(session) = ctx.reg.live(&id) else {
+        return error_response(&Error::UnknownSession, None);
+    };
+    let body = match read_body(req.into_body()).await {
+        Ok(b) => b,
+        Err(e) => return plain(413, "text/plain", e.to_string()),
+    };
+    let Some(peek) = jsonrpc::peek(&body) else {
+        return json_error(
+            400,
+            None,
+            -32700,
+            "Parse error: body is not a JSON-RPC message",
+            serde_json::json!({"reason": "parse_error"}),
+        );
+    };
+    match session
+        .forward(&ctx.reg, body, &peek, StreamTag::LEGACY)
+        .await
+    {
+        Ok(()) => plain(202, "text/plain", "Accepted"),
+        Err(e) => error_response(&e, peek.id.as_deref()),
+    }
+}

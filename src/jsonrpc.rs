@@ -1,0 +1,190 @@
+//! The little JSON-RPC the proxy must understand to route messages, and the error bodies it writes.
+//!
+//! Payloads are never re-serialised on the data path: [`Peek`] reads only the fields routing needs
+//! (`id`, `method`, whether it is a response, `progressToken`) and the original bytes travel on.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// JSON-RPC error code for a refused resume (design.md §4).
+pub const RESUME_GAP: i64 = -32090;
+/// JSON-RPC error code for a request aborted because its upstream session ended (I6).
+pub const INFLIGHT_ABORTED: i64 = -32091;
+/// JSON-RPC error code for an upstream response that was too large or not valid JSON.
+pub const UNDELIVERABLE: i64 = -32092;
+
+/// What routing needs to know about one JSON-RPC message.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Peek {
+    /// The `id`, as compact canonical JSON (`1`, `"abc"`), if any.
+    pub id: Option<String>,
+    /// The `method`, if any (requests and notifications).
+    pub method: Option<String>,
+    /// Has `result` or `error`: a response.
+    pub is_response: bool,
+    /// `params.progressToken` (progress notifications) or `params._meta.progressToken` (requests),
+    /// as canonical JSON.
+    pub progress_token: Option<String>,
+}
+
+impl Peek {
+    /// A request: has both `id` and `method`.
+    pub fn is_request(&self) -> bool {
+        self.id.is_some() && self.method.is_some()
+    }
+}
+
+#[derive(Deserialize)]
+struct RawMsg<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct RawParams<'a> {
+    #[serde(borrow, default, rename = "progressToken")]
+    progress_token: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "_meta")]
+    meta: Option<RawMeta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct RawMeta<'a> {
+    #[serde(borrow, default, rename = "progressToken")]
+    progress_token: Option<&'a RawValue>,
+}
+
+/// Canonical compact JSON of a raw value (so `1` from a client and `1` from a server compare equal).
+pub fn canonical(raw: &RawValue) -> String {
+    match serde_json::from_str::<serde_json::Value>(raw.get()) {
+        Ok(v) => v.to_string(),
+        Err(_) => raw.get().to_string(),
+    }
+}
+
+/// Reads the routing fields of one message. `None` when the bytes are not a JSON object.
+pub fn peek(bytes: &[u8]) -> Option<Peek> {
+    let msg: RawMsg<'_> = serde_json::from_slice(bytes).ok()?;
+    let id = msg.id.filter(|r| r.get() != "null").map(canonical);
+    let progress_token = msg
+        .params
+        .and_then(|p| serde_json::from_str::<RawParams<'_>>(p.get()).ok())
+        .and_then(|p| {
+            p.progress_token
+                .or(p.meta.and_then(|m| m.progress_token))
+                .map(canonical)
+        });
+    Some(Peek {
+        id,
+        method: msg.method,
+        is_response: msg.result.is_some() || msg.error.is_some(),
+        progress_token,
+    })
+}
+
+/// A JSON-RPC error response with the given id (compact JSON text, or `null`).
+pub fn error_response(id: &str, code: i64, message: &str, data: serde_json::Value) -> String {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": serde_json::from_str::<serde_json::Value>(id).unwrap_or(serde_json::Value::Null),
+        "error": {"code": code, "message": message, "data": data},
+    });
+    body.to_string()
+}
+
+/// Best-effort recovery of a JSON-RPC `id` from the start and end of a message too large to keep.
+/// Used only to answer the request an oversized upstream response belonged to.
+pub fn scan_id(head: &[u8], tail: &[u8]) -> Option<String> {
+    for part in [tail, head] {
+        let text = String::from_utf8_lossy(part);
+        // The last top-level "id" in TypeScript output, the first in Python output: try both ends.
+        for (pos, _) in text.match_indices("\"id\"") {
+            let rest = text[pos + 4..].trim_start();
+            let Some(rest) = rest.strip_prefix(':') else {
+                continue;
+            };
+            let rest = rest.trim_start();
+            let end = if let Some(s) = rest.strip_prefix('"') {
+                s.find('"').map(|i| i + 2)
+            } else {
+                rest.find(|c: char| !(c.is_ascii_digit() || c == '-'))
+                    .or(Some(rest.len()))
+            };
+            if let Some(end) = end.filter(|&e| e > 0) {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&rest[..end]) {
+                    if v.is_string() || v.is_number() {
+                        return Some(v.to_string());
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peek_request_response_notification() {
+        let p = peek(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"x","_meta":{"progressToken":"t1"}}}"#).unwrap();
+        assert!(p.is_request());
+        assert_eq!(p.id.as_deref(), Some("7"));
+        assert_eq!(p.progress_token.as_deref(), Some("\"t1\""));
+        let p = peek(br#"{"result":{},"jsonrpc":"2.0","id":"a b"}"#).unwrap();
+        assert!(p.is_response && !p.is_request());
+        assert_eq!(p.id.as_deref(), Some("\"a b\""));
+        let p = peek(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":3,"progress":1}}"#).unwrap();
+        assert_eq!(p.id, None);
+        assert_eq!(p.progress_token.as_deref(), Some("3"));
+        assert!(peek(b"{not json").is_none());
+        assert!(peek(b"[1,2]").is_none());
+    }
+
+    #[test]
+    fn canonical_ids_compare() {
+        let a = peek(br#"{"id": 1 ,"result":{}}"#).unwrap();
+        let b = peek(br#"{"id":1,"method":"x"}"#).unwrap();
+        assert_eq!(a.id, b.id);
+    }
+
+    #[test]
+    fn scan_id_from_fragments() {
+        assert_eq!(
+            scan_id(br#"{"jsonrpc":"2.0","id":12,"result":{"x":"#, b"").as_deref(),
+            Some("12")
+        );
+        assert_eq!(
+            scan_id(
+                b"{\"result\":{\"x\":\"aaaa",
+                br#"aaa"}},"jsonrpc":"2.0","id":"r-9"}"#
+            )
+            .as_deref(),
+            Some("\"r-9\"")
+        );
+        assert_eq!(scan_id(b"garbage", b"more"), None);
+    }
+
+    #[test]
+    fn error_response_shape() {
+        let s = error_response(
+            "5",
+            INFLIGHT_ABORTED,
+            "aborted",
+            serde_json::json!({"reason":"upstream_lost"}),
+        );
+        let v: serde_json::Value = serde_json::from_str(&s).unwrap();
+        assert_eq!(v["id"], 5);
+        assert_eq!(v["error"]["code"], -32091);
+        assert_eq!(v["jsonrpc"], "2.0");
+    }
+}

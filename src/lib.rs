@@ -1,0 +1,44 @@
+//! mcp-resume-proxy: a sidecar reverse proxy that retrofits durable, provably gap-free
+//! resumption onto legacy HTTP+SSE MCP servers, without touching their code.
+//!
+//! # Data path
+//!
+//! ```text
+//! client ─▶ [1] listen ─▶ [2] facade (legacy | streamable) ─▶ [3] session registry
+//!                                                               │
+//!           [4] upstream link (SSE reader, POST forwarder) ◀────┘
+//!                    │ every upstream event
+//!                    ▼
+//!           [5] log (append, group commit, trim) ─▶ [6] client stream (cursor: replay, then live)
+//! ```
+//!
+//! - [`listen`]: accept loop, connection limit, router.
+//! - [`facade`]: the legacy HTTP+SSE face and the Streamable HTTP face.
+//! - [`session`]: session id → live session: upstream link, in-flight requests, attached streams.
+//! - [`upstream`]: the proxy-owned upstream SSE stream and POST forwarding.
+//! - [`log`]: the sled event log, its writer task, ids and the contiguity check.
+//! - [`stream`]: a client stream as a cursor over the log.
+//!
+//! Around it: [`config`], [`metrics`], [`admin`], [`shutdown`], [`app`] (wiring), [`sse`]
+//! (decoder/encoder), [`jsonrpc`] (routing fields and error bodies), [`demo`] and [`inspect`].
+
+#![forbid(unsafe_code)]
+#![deny(rust_2018_idioms)]
+#![deny(missing_docs)]
+
+pub mod admin;
+pub mod app;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod facade;
+pub mod inspect;
+pub mod jsonrpc;
+pub mod listen;
+pub mod log;
+pub mod metrics;
+pub mod session;
+pub mod shutdown;
+pub mod sse;
+pub mod stream;
+pub mod upstream;

@@ -1,0 +1,93 @@
+//! [1] Client → proxy: the accept loop, the connection limit, and the router to the faces.
+//! The admin listener uses the same loop with its own router.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use crate::facade::{legacy, plain, Ctx, ProxyBody, Resp};
+
+/// Routes one client request to its face.
+pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    let path = req.uri().path();
+    let cfg = &ctx.cfg;
+    if path == cfg.legacy.sse_path {
+        legacy::sse(&ctx, req).await
+    } else if path == cfg.legacy.message_path {
+        legacy::message(&ctx, req).await
+    } else if path == cfg.streamable.path {
+        crate::facade::streamable::handle(&ctx, req).await
+    } else {
+        plain(404, "text/plain", "Not Found")
+    }
+}
+
+/// Accepts connections until `stop` turns true, serving each with `handler`; at most
+/// `max_connections` at once (further accepts wait for a slot). Returns the graceful-shutdown
+/// tracker holding the open connections, for the caller to drain.
+pub async fn serve<H, F>(
+    listener: TcpListener,
+    max_connections: usize,
+    handler: H,
+    mut stop: watch::Receiver<bool>,
+) -> GracefulShutdown
+where
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
+            _ = stopped(&mut stop) => break,
+        };
+        let (tcp, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => { backoff = Duration::from_millis(10); c }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            },
+            _ = stopped(&mut stop) => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let h = handler.clone();
+        let svc = service_fn(move |req| {
+            let h = h.clone();
+            async move { Ok::<_, Infallible>(h(req).await) }
+        });
+        let conn = http1::Builder::new()
+            .keep_alive(true)
+            .serve_connection(TokioIo::new(tcp), svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            // The permit is held until the connection completes.
+            let _permit = permit;
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
+            }
+        });
+    }
+    graceful
+}
+
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    // The guard `wait_for` returns is not Send; drop it inside.
+    let _ = stop.wait_for(|s| *s).await.map(|_| ());
+}

@@ -1,0 +1,268 @@
+//! The single writer task: group commit.
+//!
+//! Ops arrive over a bounded channel. Each turn takes everything queued (up to [`MAX_BATCH`]),
+//! assigns seqs, writes one sled batch per tree, flushes once when durability is `fsync`, and only
+//! then publishes: heads move, windows grow, acks fire. Throughput scales with the batch size, not
+//! with fsync latency. A failed write rolls the assigned seqs back, so seqs never have holes (I2).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::{key, Event, LogState, Op, SessionLog, Store, WINDOW_BYTES, WINDOW_EVENTS};
+use crate::config::Durability;
+use crate::error::{Error, Result};
+
+/// Most ops written in one batch.
+pub(crate) const MAX_BATCH: usize = 1024;
+
+type Ack = Option<oneshot::Sender<Result<u64>>>;
+
+struct Pending {
+    log: Arc<SessionLog>,
+    event: Arc<Event>,
+    received: tokio::time::Instant,
+    done: Ack,
+}
+
+/// Runs until every sender is dropped.
+pub(crate) async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
+    let mut ops = Vec::with_capacity(MAX_BATCH);
+    while rx.recv_many(&mut ops, MAX_BATCH).await > 0 {
+        turn(&store, &mut ops).await;
+    }
+    if let Err(e) = store.db.flush_async().await {
+        tracing::error!(error = %e, "final log flush failed");
+    }
+}
+
+async fn turn(store: &Store, ops: &mut Vec<Op>) {
+    let mut events = sled::Batch::default();
+    let mut inflight = sled::Batch::default();
+    let mut sessions = sled::Batch::default();
+    let mut pending: Vec<Pending> = Vec::new();
+    let mut acks: Vec<oneshot::Sender<Result<u64>>> = Vec::new();
+    let mut removes = Vec::new();
+
+    for op in ops.drain(..) {
+        match op {
+            Op::Append { log, ev, done } => {
+                let (seq, epoch) = {
+                    let mut st = log.lock();
+                    st.assigned += 1;
+                    (st.assigned, st.ranges.current_epoch())
+                };
+                events.insert(
+                    &key::event_key(&log.id, seq),
+                    key::encode_event(epoch, ev.kind, ev.stream, &ev.payload),
+                );
+                if let Some(req) = &ev.completes {
+                    inflight.remove(key::inflight_key(&log.id, req));
+                }
+                pending.push(Pending {
+                    event: Arc::new(Event {
+                        seq,
+                        epoch,
+                        stream: ev.stream,
+                        kind: ev.kind,
+                        payload: ev.payload,
+                    }),
+                    log,
+                    received: ev.received,
+                    done,
+                });
+            }
+            Op::Inflight {
+                session,
+                request_id,
+                stream,
+                registered_at,
+                done,
+            } => {
+                inflight.insert(
+                    key::inflight_key(&session, &request_id),
+                    &key::inflight_value(stream, registered_at),
+                );
+                acks.push(done);
+            }
+            Op::InflightDone {
+                session,
+                request_id,
+                done,
+            } => {
+                inflight.remove(key::inflight_key(&session, &request_id));
+                acks.push(done);
+            }
+            Op::Meta { log, done } => {
+                let meta = serde_json::to_vec(&log.lock().meta).expect("meta serialises");
+                sessions.insert(&log.id.0, meta);
+                if let Some(d) = done {
+                    acks.push(d);
+                }
+            }
+            Op::Remove { session, done } => {
+                removes.push(session);
+                acks.push(done);
+            }
+            Op::Flush { done } => acks.push(done),
+        }
+    }
+
+    let written = write(store, events, inflight, sessions, &removes).await;
+    if let Err(e) = written {
+        tracing::error!(error = %e, "log write failed; appends in this batch are rejected");
+        for p in &pending {
+            // Roll back: nothing of this batch is durable, so the next append reuses the seq.
+            let mut st = p.log.lock();
+            st.assigned = st.ranges.head;
+        }
+        for p in pending {
+            if let Some(d) = p.done {
+                let _ = d.send(Err(Error::Store(e.clone())));
+            }
+        }
+        for a in acks {
+            let _ = a.send(Err(Error::Store(e.clone())));
+        }
+        return;
+    }
+
+    let metrics = &store.metrics;
+    let mut touched: Vec<Arc<SessionLog>> = Vec::new();
+    for p in pending {
+        {
+            let mut st = p.log.lock();
+            publish(&mut st, &p.event);
+        }
+        metrics.logged.inc();
+        metrics
+            .append_seconds
+            .observe(p.received.elapsed().as_secs_f64());
+        store
+            .total_bytes
+            .fetch_add(p.event.payload.len() as u64, Ordering::Relaxed);
+        if let Some(d) = p.done {
+            let _ = d.send(Ok(p.event.seq));
+        }
+        if !touched.iter().any(|l| Arc::ptr_eq(l, &p.log)) {
+            touched.push(p.log);
+        }
+    }
+    for log in &touched {
+        let head = log.lock().ranges.head;
+        log.head_tx.send_replace(head);
+        if let Err(e) = trim(store, log) {
+            tracing::error!(session = %log.id, error = %e, "trim failed");
+        }
+    }
+    metrics
+        .log_bytes
+        .set(store.total_bytes.load(Ordering::Relaxed) as i64);
+    for a in acks {
+        let _ = a.send(Ok(0));
+    }
+}
+
+async fn write(
+    store: &Store,
+    events: sled::Batch,
+    inflight: sled::Batch,
+    sessions: sled::Batch,
+    removes: &[crate::log::cursor::SessionId],
+) -> std::result::Result<(), String> {
+    let e = |e: sled::Error| e.to_string();
+    store.events.apply_batch(events).map_err(e)?;
+    store.inflight.apply_batch(inflight).map_err(e)?;
+    store.sessions.apply_batch(sessions).map_err(e)?;
+    for id in removes {
+        remove_session(store, id).map_err(e)?;
+    }
+    if store.durability == Durability::Fsync {
+        store.db.flush_async().await.map_err(e)?;
+    }
+    Ok(())
+}
+
+fn publish(st: &mut LogState, ev: &Arc<Event>) {
+    st.ranges.head = ev.seq;
+    st.bytes += ev.payload.len() as u64;
+    st.window_bytes += ev.payload.len();
+    st.window.push_back(ev.clone());
+    while st.window.len() > WINDOW_EVENTS || (st.window_bytes > WINDOW_BYTES && st.window.len() > 1)
+    {
+        if let Some(old) = st.window.pop_front() {
+            st.window_bytes -= old.payload.len();
+        }
+    }
+}
+
+/// Drops the oldest events of `log` while it is over its count or byte bound. Trims to 90% of the
+/// bound so that a busy session trims in batches rather than on every append. Never trims the head.
+fn trim(store: &Store, log: &SessionLog) -> std::result::Result<(), sled::Error> {
+    let (oldest, head, bytes) = {
+        let st = log.lock();
+        (st.ranges.oldest, st.ranges.head, st.bytes)
+    };
+    let count = head + 1 - oldest.min(head + 1);
+    if count <= store.max_events && bytes <= store.max_bytes {
+        return Ok(());
+    }
+    let target_count = store.max_events - store.max_events / 10;
+    let target_bytes = store.max_bytes - store.max_bytes / 10;
+    let (mut n, mut b) = (count, bytes);
+    let mut batch = sled::Batch::default();
+    let mut new_oldest = oldest;
+    let mut freed = 0u64;
+    let start = key::event_key(&log.id, oldest);
+    let end = key::event_key(&log.id, head.saturating_sub(1));
+    for item in store.events.range(start..=end) {
+        if n <= target_count && b <= target_bytes {
+            break;
+        }
+        let (k, v) = item?;
+        let Some((_, seq)) = key::parse_event_key(&k) else {
+            continue;
+        };
+        let len = (v.len() - key::HEADER_LEN.min(v.len())) as u64;
+        batch.remove(k);
+        n -= 1;
+        b -= len;
+        freed += len;
+        new_oldest = seq + 1;
+    }
+    store.events.apply_batch(batch)?;
+    let mut st = log.lock();
+    st.ranges.oldest = new_oldest;
+    st.bytes -= freed;
+    while st.window.front().is_some_and(|e| e.seq < new_oldest) {
+        if let Some(old) = st.window.pop_front() {
+            st.window_bytes -= old.payload.len();
+        }
+    }
+    drop(st);
+    store.total_bytes.fetch_sub(freed, Ordering::Relaxed);
+    Ok(())
+}
+
+fn remove_session(
+    store: &Store,
+    id: &crate::log::cursor::SessionId,
+) -> std::result::Result<(), sled::Error> {
+    let mut batch = sled::Batch::default();
+    let mut freed = 0u64;
+    for item in store.events.scan_prefix(id.0) {
+        let (k, v) = item?;
+        freed += (v.len() - key::HEADER_LEN.min(v.len())) as u64;
+        batch.remove(k);
+    }
+    store.events.apply_batch(batch)?;
+    let mut batch = sled::Batch::default();
+    for item in store.inflight.scan_prefix(id.0) {
+        batch.remove(item?.0);
+    }
+    store.inflight.apply_batch(batch)?;
+    store.sessions.remove(id.0)?;
+    store.total_bytes.fetch_sub(freed, Ordering::Relaxed);
+    Ok(())
+}

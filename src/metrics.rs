@@ -1,0 +1,345 @@
+//! The fixed metric families of design.md §7, registered once on an explicit [`Registry`].
+//!
+//! Label sets are resolved here, up front, into cheap handles so the data path only increments
+//! counters and observes histograms (no label lookups per event).
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+use crate::log::cursor::Refusal;
+
+/// Which client face a session or stream uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Facade {
+    /// Legacy HTTP+SSE.
+    Legacy,
+    /// Streamable HTTP.
+    Streamable,
+}
+
+impl Facade {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Facade::Legacy => "legacy",
+            Facade::Streamable => "streamable",
+        }
+    }
+}
+
+/// Why a session ended (label of `mcp_resume_sessions_ended_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    /// The client sent `DELETE`.
+    ClientDelete,
+    /// No client attached for `idle_ttl_secs`.
+    IdleTimeout,
+    /// The upstream stream ended, failed, or answered 404.
+    UpstreamLost,
+    /// The proxy shut down.
+    Shutdown,
+    /// Evicted to make room (session limit).
+    Evicted,
+    /// The log could not be written (e.g. disk full).
+    StoreError,
+}
+
+impl EndReason {
+    /// Every reason, for registering label sets up front.
+    pub const ALL: [EndReason; 6] = [
+        EndReason::ClientDelete,
+        EndReason::IdleTimeout,
+        EndReason::UpstreamLost,
+        EndReason::Shutdown,
+        EndReason::Evicted,
+        EndReason::StoreError,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndReason::ClientDelete => "client_delete",
+            EndReason::IdleTimeout => "idle_timeout",
+            EndReason::UpstreamLost => "upstream_lost",
+            EndReason::Shutdown => "shutdown",
+            EndReason::Evicted => "evicted",
+            EndReason::StoreError => "store_error",
+        }
+    }
+}
+
+/// Kinds of upstream error (label of `mcp_resume_upstream_errors_total`).
+pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
+    "connect",
+    "status",
+    "stream_error",
+    "stream_eof",
+    "post_failed",
+    "post_timeout",
+    "oversized_event",
+    "bad_event",
+];
+
+/// All metric handles. Cloning is cheap (handles are reference counted).
+#[derive(Clone)]
+pub struct Metrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    refusals: IntCounterVec,
+    resumes: IntCounterVec,
+    /// `mcp_resume_replayed_events_total`.
+    pub replayed: IntCounter,
+    /// `mcp_resume_events_logged_total`.
+    pub logged: IntCounter,
+    /// `mcp_resume_events_delivered_total`.
+    pub delivered: IntCounter,
+    /// `mcp_resume_log_append_seconds`: upstream receipt → durable.
+    pub append_seconds: Histogram,
+    /// `mcp_resume_log_bytes`: payload bytes retained in the log.
+    pub log_bytes: IntGauge,
+    /// `mcp_resume_log_max_bytes`: the configured bound (for "near full" alerts).
+    pub log_max_bytes: IntGauge,
+    /// `mcp_resume_sessions_active`.
+    pub sessions_active: IntGauge,
+    sessions_started: IntCounterVec,
+    sessions_ended: IntCounterVec,
+    /// `mcp_resume_inflight_aborted_total`.
+    pub inflight_aborted: IntCounter,
+    upstream_errors: IntCounterVec,
+    client_streams: IntGaugeVec,
+    /// `mcp_resume_dropped_total{reason}`: client input or upstream output that could not be delivered.
+    dropped: IntCounterVec,
+}
+
+impl Metrics {
+    /// Creates and registers every family on a fresh registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let m = Self {
+            refusals: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_refusals_total",
+                    "Resumes refused because contiguity could not be proven, by reason.",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+            resumes: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_resumes_total",
+                    "Resumes served (cursor valid and contiguous), by face.",
+                ),
+                &["facade"],
+            )
+            .unwrap(),
+            replayed: IntCounter::new(
+                "mcp_resume_replayed_events_total",
+                "Events delivered from the log to resuming clients.",
+            )
+            .unwrap(),
+            logged: IntCounter::new(
+                "mcp_resume_events_logged_total",
+                "Events appended to the log.",
+            )
+            .unwrap(),
+            delivered: IntCounter::new(
+                "mcp_resume_events_delivered_total",
+                "Logged events written to client streams (live and replayed).",
+            )
+            .unwrap(),
+            append_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "mcp_resume_log_append_seconds",
+                    "Time from upstream receipt of an event to it being durable in the log.",
+                )
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1.0,
+                ]),
+            )
+            .unwrap(),
+            log_bytes: IntGauge::new(
+                "mcp_resume_log_bytes",
+                "Payload bytes retained in the log, all sessions.",
+            )
+            .unwrap(),
+            log_max_bytes: IntGauge::new(
+                "mcp_resume_log_max_bytes",
+                "Configured bound on retained payload bytes (log.max_total_bytes).",
+            )
+            .unwrap(),
+            sessions_active: IntGauge::new(
+                "mcp_resume_sessions_active",
+                "Live sessions (upstream link open).",
+            )
+            .unwrap(),
+            sessions_started: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_sessions_started_total",
+                    "Sessions started, by face.",
+                ),
+                &["facade"],
+            )
+            .unwrap(),
+            sessions_ended: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_sessions_ended_total",
+                    "Sessions ended, by reason.",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+            inflight_aborted: IntCounter::new(
+                "mcp_resume_inflight_aborted_total",
+                "In-flight requests answered with a -32091 error because their session ended.",
+            )
+            .unwrap(),
+            upstream_errors: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_upstream_errors_total",
+                    "Upstream errors, by kind.",
+                ),
+                &["kind"],
+            )
+            .unwrap(),
+            client_streams: IntGaugeVec::new(
+                Opts::new(
+                    "mcp_resume_client_streams_active",
+                    "Client SSE streams currently open, by face.",
+                ),
+                &["facade"],
+            )
+            .unwrap(),
+            dropped: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_dropped_total",
+                    "Messages that could not be delivered (each also logged), by reason.",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
+            registry,
+        };
+        let r = &m.registry;
+        r.register(Box::new(m.refusals.clone())).unwrap();
+        r.register(Box::new(m.resumes.clone())).unwrap();
+        r.register(Box::new(m.replayed.clone())).unwrap();
+        r.register(Box::new(m.logged.clone())).unwrap();
+        r.register(Box::new(m.delivered.clone())).unwrap();
+        r.register(Box::new(m.append_seconds.clone())).unwrap();
+        r.register(Box::new(m.log_bytes.clone())).unwrap();
+        r.register(Box::new(m.log_max_bytes.clone())).unwrap();
+        r.register(Box::new(m.sessions_active.clone())).unwrap();
+        r.register(Box::new(m.sessions_started.clone())).unwrap();
+        r.register(Box::new(m.sessions_ended.clone())).unwrap();
+        r.register(Box::new(m.inflight_aborted.clone())).unwrap();
+        r.register(Box::new(m.upstream_errors.clone())).unwrap();
+        r.register(Box::new(m.client_streams.clone())).unwrap();
+        r.register(Box::new(m.dropped.clone())).unwrap();
+        // Materialise every label set so dashboards see zeros rather than gaps.
+        for reason in Refusal::ALL {
+            m.refusals.with_label_values(&[reason.as_str()]);
+        }
+        for f in [Facade::Legacy, Facade::Streamable] {
+            m.resumes.with_label_values(&[f.as_str()]);
+            m.sessions_started.with_label_values(&[f.as_str()]);
+            m.client_streams.with_label_values(&[f.as_str()]);
+        }
+        for reason in EndReason::ALL {
+            m.sessions_ended.with_label_values(&[reason.as_str()]);
+        }
+        for kind in UPSTREAM_ERROR_KINDS {
+            m.upstream_errors.with_label_values(&[kind]);
+        }
+        m
+    }
+
+    /// Counts one refusal.
+    pub fn refusal(&self, reason: Refusal) {
+        self.refusals.with_label_values(&[reason.as_str()]).inc();
+    }
+
+    /// Counts one served resume.
+    pub fn resume(&self, facade: Facade) {
+        self.resumes.with_label_values(&[facade.as_str()]).inc();
+    }
+
+    /// Counts one started session.
+    pub fn session_started(&self, facade: Facade) {
+        self.sessions_started
+            .with_label_values(&[facade.as_str()])
+            .inc();
+    }
+
+    /// Counts one ended session.
+    pub fn session_ended(&self, reason: EndReason) {
+        self.sessions_ended
+            .with_label_values(&[reason.as_str()])
+            .inc();
+    }
+
+    /// Counts one upstream error of `kind` (one of [`UPSTREAM_ERROR_KINDS`]).
+    pub fn upstream_error(&self, kind: &'static str) {
+        self.upstream_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Counts one undeliverable message.
+    pub fn dropped(&self, reason: &'static str) {
+        self.dropped.with_label_values(&[reason]).inc();
+    }
+
+    /// The gauge of open client streams for `facade` (resolve once per stream).
+    pub fn client_streams(&self, facade: Facade) -> IntGauge {
+        self.client_streams.with_label_values(&[facade.as_str()])
+    }
+
+    /// Renders the classic text exposition format.
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut buf = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .expect("text encoding cannot fail");
+        String::from_utf8(buf).expect("utf-8")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_fixed_family() {
+        let m = Metrics::new();
+        m.refusal(Refusal::CursorTrimmed);
+        let text = m.render();
+        for name in [
+            "mcp_resume_refusals_total",
+            "mcp_resume_resumes_total",
+            "mcp_resume_replayed_events_total",
+            "mcp_resume_events_logged_total",
+            "mcp_resume_events_delivered_total",
+            "mcp_resume_log_append_seconds",
+            "mcp_resume_log_bytes",
+            "mcp_resume_sessions_active",
+            "mcp_resume_sessions_started_total",
+            "mcp_resume_sessions_ended_total",
+            "mcp_resume_inflight_aborted_total",
+            "mcp_resume_upstream_errors_total",
+            "mcp_resume_client_streams_active",
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
+        }
+        assert!(text.contains("mcp_resume_refusals_total{reason=\"cursor_trimmed\"} 1"));
+        assert!(text.contains("mcp_resume_refusals_total{reason=\"cursor_ahead\"} 0"));
+    }
+}

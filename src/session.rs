@@ -1,0 +1,541 @@
+//! [3] The session registry: proxy session id → live [`Session`] (upstream link, in-flight
+//! requests, attached client streams) and, through the [`Log`], the logs of ended sessions that are
+//! kept for late resumers.
+//!
+//! Each live session has one task reading its upstream stream ([`Session::pump`]): it routes every
+//! upstream message to a stream (a response to the stream of its request, a progress notification to
+//! the stream of the request that asked for it, everything else to the session's default stream)
+//! and appends it to the log. Clients never read from the upstream, only from the log.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::jsonrpc;
+use crate::log::cursor::SessionId;
+use crate::log::{Kind, Log, NewEvent, SessionLog, StreamTag};
+use crate::metrics::{EndReason, Facade, Metrics};
+use crate::upstream::{
+    self, HttpClient, UpstreamItem, UpstreamLink, UpstreamReader, UpstreamSettings,
+};
+
+/// A request forwarded upstream and not yet answered.
+#[derive(Clone, Debug)]
+struct Inflight {
+    stream: StreamTag,
+    progress_token: Option<String>,
+}
+
+struct State {
+    inflight: HashMap<String, Inflight>,
+    progress: HashMap<String, StreamTag>,
+    /// Attached client streams: stream → (attachment number, kick signal).
+    attached: HashMap<StreamTag, (u64, watch::Sender<bool>)>,
+    next_attachment: u64,
+    next_post_stream: u64,
+    last_detach: Instant,
+    ended: bool,
+    pump: Option<tokio::task::AbortHandle>,
+}
+
+/// A live session.
+pub struct Session {
+    /// Proxy session id.
+    pub id: SessionId,
+    /// Face that created it.
+    pub facade: Facade,
+    /// Its log.
+    pub log: Arc<SessionLog>,
+    /// Negotiated protocol version (Streamable HTTP face).
+    pub protocol_version: Option<String>,
+    link: UpstreamLink,
+    default_stream: StreamTag,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &self.id).finish()
+    }
+}
+
+/// Held while a client stream is attached; dropping it detaches.
+pub struct Attachment {
+    session: Arc<Session>,
+    stream: StreamTag,
+    number: u64,
+    /// Becomes `true` when a newer connection took this stream over.
+    pub kicked: watch::Receiver<bool>,
+}
+
+impl Drop for Attachment {
+    fn drop(&mut self) {
+        let mut st = self.session.lock();
+        if st.attached.get(&self.stream).map(|a| a.0) == Some(self.number) {
+            st.attached.remove(&self.stream);
+        }
+        if st.attached.is_empty() {
+            st.last_detach = Instant::now();
+        }
+    }
+}
+
+impl Session {
+    // Plain data, never held across an await: a std mutex is the cheaper lock here.
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Has the session ended (no more requests accepted)?
+    pub fn is_ended(&self) -> bool {
+        self.lock().ended
+    }
+
+    /// Attaches a client connection to `stream`, closing any connection already attached to it
+    /// (it is usually half-open after an eviction). Returns `None` when `exclusive` is set and the
+    /// stream already has a connection.
+    pub fn attach(self: &Arc<Self>, stream: StreamTag, exclusive: bool) -> Option<Attachment> {
+        let mut st = self.lock();
+        if exclusive && st.attached.contains_key(&stream) {
+            return None;
+        }
+        st.next_attachment += 1;
+        let number = st.next_attachment;
+        let (tx, rx) = watch::channel(false);
+        if let Some((_, old)) = st.attached.insert(stream, (number, tx)) {
+            let _ = old.send(true);
+        }
+        Some(Attachment {
+            session: self.clone(),
+            stream,
+            number,
+            kicked: rx,
+        })
+    }
+
+    /// Is any client attached to `stream`?
+    pub fn is_attached(&self, stream: StreamTag) -> bool {
+        self.lock().attached.contains_key(&stream)
+    }
+
+    /// A new POST stream tag (Streamable HTTP).
+    pub fn new_post_stream(&self) -> StreamTag {
+        let mut st = self.lock();
+        let tag = StreamTag::post(st.next_post_stream);
+        st.next_post_stream += 1;
+        tag
+    }
+
+    fn idle_since(&self) -> Option<Instant> {
+        let st = self.lock();
+        st.attached.is_empty().then_some(st.last_detach)
+    }
+
+    /// Forwards one client message upstream. A request is first recorded as in flight (durably),
+    /// so that whatever happens next it gets an answer: its response, or a -32091 error.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSession`] when the session has ended; upstream errors as
+    /// [`UpstreamLink::post`] reports them (on [`Error::UpstreamLost`] the session is ended first).
+    pub async fn forward(
+        self: &Arc<Self>,
+        reg: &Registry,
+        body: Bytes,
+        peek: &jsonrpc::Peek,
+        stream: StreamTag,
+    ) -> Result<()> {
+        if self.is_ended() {
+            return Err(Error::UnknownSession);
+        }
+        let request_id = peek.id.clone().filter(|_| peek.is_request());
+        if let Some(id) = &request_id {
+            {
+                let mut st = self.lock();
+                st.inflight.insert(
+                    id.clone(),
+                    Inflight {
+                        stream,
+                        progress_token: peek.progress_token.clone(),
+                    },
+                );
+                if let Some(t) = &peek.progress_token {
+                    st.progress.insert(t.clone(), stream);
+                }
+            }
+            reg.log.inflight_add(&self.log, id, stream).await?;
+        }
+        match self.link.post(body).await {
+            Ok(()) => Ok(()),
+            Err(Error::UpstreamLost) => {
+                reg.metrics.upstream_error("status");
+                tracing::warn!(session = %self.id, "upstream answered 404 to a POST: session lost");
+                reg.end(self, EndReason::UpstreamLost).await;
+                Err(Error::UpstreamLost)
+            }
+            Err(e) => {
+                reg.metrics.upstream_error(if e.is_timeout() {
+                    "post_timeout"
+                } else {
+                    "post_failed"
+                });
+                tracing::warn!(session = %self.id, error = %e, "forwarding a client message failed");
+                // On a timeout the upstream may still answer, so the request stays in flight;
+                // any other failure means the upstream did not take it.
+                if let (Some(id), false) = (&request_id, e.is_timeout()) {
+                    self.forget(id);
+                    reg.log.inflight_done(&self.log, id).await?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn forget(&self, id: &str) -> Option<Inflight> {
+        let mut st = self.lock();
+        let inf = st.inflight.remove(id)?;
+        if let Some(t) = &inf.progress_token {
+            st.progress.remove(t);
+        }
+        Some(inf)
+    }
+
+    /// Routes one upstream message: returns its stream, kind, and the in-flight request it answers.
+    fn route(&self, payload: &[u8], metrics: &Metrics) -> (StreamTag, Kind, Option<String>) {
+        let Some(p) = jsonrpc::peek(payload) else {
+            metrics.upstream_error("bad_event");
+            tracing::warn!(session = %self.id, bytes = payload.len(), "upstream message is not a JSON-RPC object; delivered as is on the default stream");
+            return (self.default_stream, Kind::Message, None);
+        };
+        if p.is_response {
+            if let Some(id) = &p.id {
+                if let Some(inf) = self.forget(id) {
+                    let kind = if inf.stream.is_post() {
+                        Kind::Final
+                    } else {
+                        Kind::Message
+                    };
+                    return (inf.stream, kind, Some(id.clone()));
+                }
+            }
+            return (self.default_stream, Kind::Message, None);
+        }
+        if p.method.as_deref() == Some("notifications/progress") {
+            if let Some(t) = &p.progress_token {
+                if let Some(&s) = self.lock().progress.get(t) {
+                    return (s, Kind::Message, None);
+                }
+            }
+        }
+        (self.default_stream, Kind::Message, None)
+    }
+
+    /// Reads the upstream stream until it ends, logging every message. Ends the session when the
+    /// upstream stream ends or fails.
+    async fn pump(self: Arc<Self>, reg: Arc<Registry>, mut reader: UpstreamReader) {
+        let why = loop {
+            let item = match reader.next().await {
+                Ok(Some(item)) => item,
+                Ok(None) => break "stream_eof",
+                Err(e) => {
+                    tracing::warn!(session = %self.id, error = %e, "upstream stream failed");
+                    break "stream_error";
+                }
+            };
+            let received = Instant::now();
+            let ev = match item {
+                UpstreamItem::Event(ev) => {
+                    if ev.event.as_deref().is_some_and(|t| t != "message") {
+                        reg.metrics.dropped("non_message_event");
+                        tracing::warn!(session = %self.id, event = ?ev.event, "upstream event of unknown type ignored");
+                        continue;
+                    }
+                    let (stream, kind, completes) = self.route(&ev.data, &reg.metrics);
+                    NewEvent {
+                        stream,
+                        kind,
+                        payload: ev.data,
+                        received,
+                        completes,
+                    }
+                }
+                UpstreamItem::Oversized { len, head, tail } => {
+                    reg.metrics.upstream_error("oversized_event");
+                    reg.metrics.dropped("oversized_event");
+                    let id = jsonrpc::scan_id(&head, &tail);
+                    let inflight = id
+                        .as_ref()
+                        .and_then(|id| self.forget(id).map(|i| (id.clone(), i)));
+                    tracing::error!(session = %self.id, bytes = len, request_id = ?id, answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
+                    let Some((id, inf)) = inflight else { continue };
+                    // Answer the request it belonged to, so the client's await resolves.
+                    let body = jsonrpc::error_response(
+                        &id,
+                        jsonrpc::UNDELIVERABLE,
+                        "upstream response exceeded upstream.max_event_bytes and was dropped",
+                        serde_json::json!({"reason": "oversized_event", "bytes": len}),
+                    );
+                    let kind = if inf.stream.is_post() {
+                        Kind::Final
+                    } else {
+                        Kind::Message
+                    };
+                    NewEvent {
+                        stream: inf.stream,
+                        kind,
+                        payload: Bytes::from(body),
+                        received,
+                        completes: Some(id),
+                    }
+                }
+            };
+            if let Err(e) = reg.log.append_nowait(&self.log, ev).await {
+                tracing::error!(session = %self.id, error = %e, "cannot log upstream event");
+                reg.end(&self, EndReason::StoreError).await;
+                return;
+            }
+        };
+        reg.metrics.upstream_error(why);
+        tracing::warn!(session = %self.id, cause = why, "upstream session lost");
+        reg.end(&self, EndReason::UpstreamLost).await;
+    }
+}
+
+/// The registry of live sessions.
+pub struct Registry {
+    /// The log.
+    pub log: Arc<Log>,
+    /// Metrics.
+    pub metrics: Metrics,
+    cfg: Arc<Config>,
+    upstream: UpstreamSettings,
+    client: HttpClient,
+    live: Mutex<HashMap<SessionId, Arc<Session>>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registry").finish_non_exhaustive()
+    }
+}
+
+impl Registry {
+    /// A registry over `log`.
+    pub fn new(cfg: Arc<Config>, log: Arc<Log>, metrics: Metrics) -> Arc<Self> {
+        Arc::new(Self {
+            upstream: UpstreamSettings::from_config(&cfg),
+            client: upstream::client(),
+            cfg,
+            log,
+            metrics,
+            live: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<Session>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live session `id`.
+    pub fn live(&self, id: &SessionId) -> Option<Arc<Session>> {
+        self.lock().get(id).cloned().filter(|s| !s.is_ended())
+    }
+
+    /// Number of live sessions.
+    pub fn live_count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Opens a new session: makes room if needed, connects upstream, creates the log and starts
+    /// the pump.
+    ///
+    /// # Errors
+    /// [`Error::Capacity`] when no room can be made; upstream connect errors; store errors.
+    pub async fn open(
+        self: &Arc<Self>,
+        facade: Facade,
+        protocol_version: Option<String>,
+    ) -> Result<Arc<Session>> {
+        self.make_room().await?;
+        let (link, reader) = match upstream::connect(&self.upstream, &self.client).await {
+            Ok(x) => x,
+            Err(e) => {
+                self.metrics
+                    .upstream_error(if e.is_timeout() { "connect" } else { "connect" });
+                tracing::warn!(error = %e, "cannot open upstream session");
+                return Err(e);
+            }
+        };
+        let id = SessionId::random();
+        let log = self
+            .log
+            .create(id, facade, protocol_version.clone())
+            .await?;
+        let session = Arc::new(Session {
+            id,
+            facade,
+            log,
+            protocol_version,
+            link,
+            default_stream: match facade {
+                Facade::Legacy => StreamTag::LEGACY,
+                Facade::Streamable => StreamTag::STANDALONE,
+            },
+            state: Mutex::new(State {
+                inflight: HashMap::new(),
+                progress: HashMap::new(),
+                attached: HashMap::new(),
+                next_attachment: 0,
+                next_post_stream: 0,
+                last_detach: Instant::now(),
+                ended: false,
+                pump: None,
+            }),
+        });
+        self.lock().insert(id, session.clone());
+        let pump = tokio::spawn(session.clone().pump(self.clone(), reader));
+        session.lock().pump = Some(pump.abort_handle());
+        self.metrics.sessions_active.inc();
+        self.metrics.session_started(facade);
+        tracing::info!(session = %id, facade = facade.as_str(), upstream = %session.link.post_uri(), "session started");
+        Ok(session)
+    }
+
+    async fn make_room(&self) -> Result<()> {
+        let max_total = self.cfg.log.max_total_bytes;
+        if self.log.total_bytes() >= max_total {
+            self.evict_ended(max_total).await;
+            if self.log.total_bytes() >= max_total {
+                return Err(Error::Capacity(format!(
+                    "log holds {} bytes, log.max_total_bytes is {max_total}",
+                    self.log.total_bytes()
+                )));
+            }
+        }
+        if self.live_count() >= self.cfg.sessions.max_sessions {
+            // Evict the session that has had no client the longest.
+            let victim = self
+                .lock()
+                .values()
+                .filter_map(|s| s.idle_since().map(|t| (t, s.clone())))
+                .min_by_key(|(t, _)| *t)
+                .map(|(_, s)| s);
+            match victim {
+                Some(s) => self.end(&s, EndReason::Evicted).await,
+                None => {
+                    return Err(Error::Capacity(format!(
+                        "{} live sessions, all with clients attached (sessions.max_sessions)",
+                        self.live_count()
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the logs of ended sessions, oldest end first, until the log is under `target` bytes.
+    async fn evict_ended(&self, target: u64) {
+        let mut ended: Vec<_> = self
+            .log
+            .all()
+            .into_iter()
+            .filter_map(|l| l.meta().ended_unix.map(|t| (t, l)))
+            .collect();
+        ended.sort_by_key(|(t, _)| *t);
+        for (_, l) in ended {
+            if self.log.total_bytes() < target {
+                break;
+            }
+            tracing::info!(session = %l.id, bytes = l.bytes(), "evicting an ended session's log for space");
+            if let Err(e) = self.log.remove(&l.id).await {
+                tracing::error!(error = %e, "evicting a log failed");
+                break;
+            }
+        }
+    }
+
+    /// Ends a live session: no new requests; the upstream stream is closed; every in-flight request
+    /// is answered with a logged -32091 error on its stream; the end marker ends every client stream.
+    pub async fn end(&self, session: &Arc<Session>, reason: EndReason) {
+        let (aborts, pump) = {
+            let mut st = session.lock();
+            if st.ended {
+                return;
+            }
+            st.ended = true;
+            st.progress.clear();
+            let aborts: Vec<(String, StreamTag)> = st
+                .inflight
+                .drain()
+                .map(|(id, inf)| (id, inf.stream))
+                .collect();
+            (aborts, st.pump.take())
+        };
+        if let Some(p) = pump {
+            // Dropping the reader closes the upstream GET: the upstream session ends with ours.
+            p.abort();
+        }
+        self.lock().remove(&session.id);
+        self.metrics.sessions_active.dec();
+        if let Err(e) = self.log.end_session(&session.log, reason, aborts).await {
+            tracing::error!(session = %session.id, error = %e, "cannot log the end of a session");
+        }
+    }
+
+    /// Ends every live session (shutdown).
+    pub async fn end_all(&self, reason: EndReason) {
+        let all: Vec<_> = self.lock().values().cloned().collect();
+        for s in all {
+            self.end(&s, reason).await;
+        }
+    }
+
+    /// Housekeeping once per second until `stop` fires: idle sessions end after
+    /// `sessions.idle_ttl_secs`; ended logs are deleted after `sessions.retain_ended_secs`; ended
+    /// logs are evicted while the log is over `log.max_total_bytes`.
+    pub async fn janitor(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let idle_ttl = Duration::from_secs(self.cfg.sessions.idle_ttl_secs);
+        let retain = self.cfg.sessions.retain_ended_secs;
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return,
+            }
+            let idle: Vec<_> = self
+                .lock()
+                .values()
+                .filter(|s| s.idle_since().is_some_and(|t| t.elapsed() >= idle_ttl))
+                .cloned()
+                .collect();
+            for s in idle {
+                tracing::info!(session = %s.id, "no client attached for sessions.idle_ttl_secs");
+                self.end(&s, EndReason::IdleTimeout).await;
+            }
+            let now = crate::log::unix_now();
+            for l in self.log.all() {
+                if l.meta()
+                    .ended_unix
+                    .is_some_and(|t| now.saturating_sub(t) >= retain)
+                {
+                    if let Err(e) = self.log.remove(&l.id).await {
+                        tracing::error!(error = %e, "deleting an expired log failed");
+                    }
+                }
+            }
+            if self.log.total_bytes() > self.cfg.log.max_total_bytes {
+                self.evict_ended(self.cfg.log.max_total_bytes).await;
+            }
+        }
+    }
+}

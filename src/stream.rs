@@ -1,0 +1,229 @@
+//! [6] Log → client: a client SSE stream is a cursor reading the session log.
+//!
+//! Replay and live delivery are one loop: read the events after the cursor (from the in-memory
+//! window or sled), send them, and when caught up wait for the head to move. There is no hand-off
+//! between a "replay" phase and a "live" phase, so there is nothing to race. A slow client only
+//! slows its own task; a client so slow that retention trimmed events it had not read yet gets its
+//! stream closed (never skipped over) and meets a `cursor_trimmed` refusal when it resumes.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use prometheus::IntGauge;
+use tokio::sync::{mpsc, watch};
+
+use crate::log::{Event, Kind, Log, SessionLog, StreamTag};
+use crate::metrics::{Facade, Metrics};
+use crate::session::Attachment;
+use crate::sse::encode;
+
+/// `retry` (ms) sent with priming events: how long a polled client waits before reconnecting.
+pub const PRIMING_RETRY_MS: u64 = 1000;
+/// Events read from the log per turn.
+const READ_BATCH: usize = 256;
+/// Frames buffered between the cursor task and the connection.
+const CHANNEL_FRAMES: usize = 16;
+
+/// Which events of the session log a stream delivers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Filter {
+    /// Every event of one stream.
+    Stream(StreamTag),
+}
+
+/// Everything a client stream needs.
+pub struct StreamSpec {
+    /// The log to read.
+    pub log: Arc<SessionLog>,
+    /// Cursor: deliver events after this seq.
+    pub after: u64,
+    /// Which events.
+    pub filter: Filter,
+    /// Frames sent first (the legacy `endpoint` event, a priming event).
+    pub preamble: Vec<Bytes>,
+    /// Events up to this seq count as replayed.
+    pub replay_until: u64,
+    /// Face, for the metrics label.
+    pub facade: Facade,
+    /// The attachment (takeover signal), when the session is live.
+    pub attachment: Option<Attachment>,
+    /// End after the first `Final` event of the stream (POST streams).
+    pub end_on_final: bool,
+}
+
+/// Shared things every stream uses.
+#[derive(Clone)]
+pub struct StreamEnv {
+    /// The log.
+    pub log: Arc<Log>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Keepalive period.
+    pub keepalive: Duration,
+    /// Becomes `true` when the proxy drains: every stream ends.
+    pub drain: watch::Receiver<bool>,
+}
+
+/// The response body of a client SSE stream: frames from the cursor task.
+pub struct SseBody {
+    rx: mpsc::Receiver<Bytes>,
+    _gauge: GaugeGuard,
+}
+
+struct GaugeGuard(IntGauge);
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Body for SseBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// Starts the cursor task of one client stream and returns its body.
+pub fn spawn(spec: StreamSpec, env: StreamEnv) -> SseBody {
+    let gauge = env.metrics.client_streams(spec.facade);
+    gauge.inc();
+    let (tx, rx) = mpsc::channel(CHANNEL_FRAMES);
+    tokio::spawn(run(spec, env, tx));
+    SseBody {
+        rx,
+        _gauge: GaugeGuard(gauge),
+    }
+}
+
+/// Why a stream ended (for the log line).
+#[derive(Debug)]
+enum End {
+    ClientGone,
+    Drain,
+    Kicked,
+    SessionEnded,
+    StreamComplete,
+    Gap { wanted: u64, got: u64 },
+    Store,
+}
+
+async fn run(mut spec: StreamSpec, mut env: StreamEnv, tx: mpsc::Sender<Bytes>) {
+    let end = deliver(&mut spec, &mut env, &tx).await;
+    match end {
+        End::Gap { wanted, got } => {
+            env.metrics.dropped("reader_trimmed");
+            tracing::warn!(session = %spec.log.id, wanted, got, "client fell behind retention; stream closed so its resume is refused, never skipped");
+        }
+        ref other => {
+            tracing::debug!(session = %spec.log.id, end = ?other, "client stream ended");
+        }
+    }
+}
+
+async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<Bytes>) -> End {
+    let mut kicked = spec.attachment.as_ref().map(|a| a.kicked.clone());
+    let mut head_rx = spec.log.subscribe();
+    let mut keepalive = tokio::time::interval(env.keepalive);
+    keepalive.reset();
+    let Filter::Stream(tag) = spec.filter;
+
+    for frame in std::mem::take(&mut spec.preamble) {
+        if tx.send(frame).await.is_err() {
+            return End::ClientGone;
+        }
+    }
+    loop {
+        head_rx.borrow_and_update();
+        let batch = match env.log.read_after(&spec.log, spec.after, READ_BATCH) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(session = %spec.log.id, error = %e, "log read failed");
+                return End::Store;
+            }
+        };
+        if batch.is_empty() {
+            tokio::select! {
+                // The head moved: read again.
+                r = head_rx.changed() => if r.is_err() { return End::Store },
+                _ = keepalive.tick() => {
+                    if tx.send(encode::comment("keepalive")).await.is_err() {
+                        return End::ClientGone;
+                    }
+                }
+                _ = wait_true(&mut kicked) => return End::Kicked,
+                _ = env.drain.changed() => return End::Drain,
+                _ = tx.closed() => return End::ClientGone,
+            }
+            continue;
+        }
+        if batch[0].seq != spec.after + 1 {
+            return End::Gap {
+                wanted: spec.after + 1,
+                got: batch[0].seq,
+            };
+        }
+        for ev in batch {
+            spec.after = ev.seq;
+            if ev.kind == Kind::End {
+                return End::SessionEnded;
+            }
+            if ev.stream != tag {
+                continue;
+            }
+            let frame = frame_of(&spec.log, &ev);
+            // Sending waits while the client is slow; a takeover or a drain must still end it.
+            tokio::select! {
+                r = tx.send(frame) => if r.is_err() { return End::ClientGone },
+                _ = wait_true(&mut kicked) => return End::Kicked,
+                _ = env.drain.changed() => return End::Drain,
+            }
+            if ev.kind != Kind::Priming {
+                env.metrics.delivered.inc();
+                if ev.seq <= spec.replay_until {
+                    env.metrics.replayed.inc();
+                }
+            }
+            keepalive.reset();
+            if spec.end_on_final && ev.kind == Kind::Final {
+                return End::StreamComplete;
+            }
+        }
+    }
+}
+
+/// Completes when the watch turns `true`; never when there is none.
+async fn wait_true(rx: &mut Option<watch::Receiver<bool>>) {
+    match rx {
+        Some(rx) => {
+            if rx.wait_for(|v| *v).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// The SSE frame of a logged event (I5: only logged events carry an id).
+pub fn frame_of(log: &SessionLog, ev: &Event) -> Bytes {
+    let id = log.event_id(ev.epoch, ev.seq);
+    match ev.kind {
+        Kind::Priming => encode::priming(&id, Some(PRIMING_RETRY_MS)),
+        _ => encode::event(Some(&id), Some("message"), &ev.payload),
+    }
+}

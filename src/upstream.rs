@@ -1,0 +1,341 @@
+//! [4] Proxy → upstream: the link to the unmodified legacy HTTP+SSE server.
+//!
+//! One upstream `GET {sse_url}` per proxy session, owned by the proxy and independent of any client
+//! connection (client disconnects never reach the upstream). [`connect`] opens it, reads the
+//! `endpoint` event and resolves it against the SSE URL; [`UpstreamReader`] then yields the
+//! upstream's events; [`UpstreamLink::post`] forwards client messages with the upstream's own
+//! `Host`, no `Origin`, and a timeout (some servers never answer a POST for a dead session).
+//! There is no read timeout on the stream: legacy TypeScript servers send no keepalive, so an idle
+//! stream is normal; TCP keepalive and POST failures detect a dead peer.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{header, Method, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{Config, HttpUrl};
+use crate::error::{Error, Result};
+use crate::sse;
+
+/// The shared HTTP client for upstream requests (pooled for POSTs).
+pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Builds the upstream client: TCP keepalive so a silently dead upstream is noticed, no Nagle.
+pub fn client() -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_keepalive(Some(Duration::from_secs(30)));
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(conn)
+}
+
+/// Settings of the upstream link, taken from the config once.
+#[derive(Clone, Debug)]
+pub struct UpstreamSettings {
+    /// The SSE URL.
+    pub sse_url: HttpUrl,
+    /// Timeout of one POST.
+    pub post_timeout: Duration,
+    /// Timeout of connect + `endpoint` event.
+    pub connect_timeout: Duration,
+    /// Largest event accepted.
+    pub max_event_bytes: usize,
+}
+
+impl UpstreamSettings {
+    /// From the validated config.
+    pub fn from_config(cfg: &Config) -> Self {
+        Self {
+            sse_url: cfg.upstream_url(),
+            post_timeout: Duration::from_secs(cfg.upstream.post_timeout_secs),
+            connect_timeout: Duration::from_secs(cfg.upstream.connect_timeout_secs),
+            max_event_bytes: cfg.upstream.max_event_bytes,
+        }
+    }
+}
+
+/// Where to POST client messages for one upstream session.
+#[derive(Clone, Debug)]
+pub struct UpstreamLink {
+    post_uri: Uri,
+    client: HttpClient,
+    timeout: Duration,
+}
+
+/// What the upstream stream yields.
+#[derive(Debug)]
+pub enum UpstreamItem {
+    /// A complete SSE event.
+    Event(sse::Event),
+    /// An event over the size cap, dropped; its data's first and last bytes are kept so the
+    /// request it answered can still be told.
+    Oversized {
+        /// Total bytes of the event.
+        len: usize,
+        /// First bytes of its data.
+        head: Bytes,
+        /// Last bytes of its data.
+        tail: Bytes,
+    },
+}
+
+/// Reads events from the upstream SSE body.
+pub struct UpstreamReader {
+    body: Incoming,
+    buf: BytesMut,
+    decoder: sse::Decoder,
+}
+
+impl std::fmt::Debug for UpstreamReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamReader").finish_non_exhaustive()
+    }
+}
+
+impl UpstreamReader {
+    /// The next item; `Ok(None)` at a clean end of stream.
+    ///
+    /// # Errors
+    /// [`Error::Upstream`] when the stream fails mid-way.
+    pub async fn next(&mut self) -> Result<Option<UpstreamItem>> {
+        loop {
+            match self.decoder.decode(&mut self.buf) {
+                Ok(Some(ev)) => return Ok(Some(UpstreamItem::Event(ev))),
+                Ok(None) => {}
+                Err(sse::DecodeError::EventTooLarge { len, head, tail }) => {
+                    return Ok(Some(UpstreamItem::Oversized { len, head, tail }))
+                }
+            }
+            match self.body.frame().await {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(Error::Upstream(format!("stream error: {e}"))),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.buf.extend_from_slice(&data);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Opens the upstream SSE stream and waits for its `endpoint` event.
+///
+/// # Errors
+/// [`Error::Upstream`] when the upstream is unreachable, answers non-200, or ends before the
+/// endpoint; [`Error::UpstreamTimeout`] when that takes longer than the connect timeout.
+pub async fn connect(
+    set: &UpstreamSettings,
+    client: &HttpClient,
+) -> Result<(UpstreamLink, UpstreamReader)> {
+    let fut = async {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(set.sse_url.to_url())
+            .header(header::ACCEPT, "text/event-stream")
+            .header(header::CACHE_CONTROL, "no-cache")
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| Error::Upstream(e.to_string()))?;
+        let resp = client
+            .request(req)
+            .await
+            .map_err(|e| Error::Upstream(format!("connect {}: {e}", set.sse_url.to_url())))?;
+        if resp.status() != StatusCode::OK {
+            return Err(Error::Upstream(format!(
+                "GET {} answered {}",
+                set.sse_url.to_url(),
+                resp.status()
+            )));
+        }
+        let mut reader = UpstreamReader {
+            body: resp.into_body(),
+            buf: BytesMut::with_capacity(8 * 1024),
+            decoder: sse::Decoder::new(set.max_event_bytes),
+        };
+        loop {
+            match reader.next().await? {
+                None => return Err(Error::Upstream("stream ended before `endpoint`".into())),
+                Some(UpstreamItem::Event(ev)) if ev.event.as_deref() == Some("endpoint") => {
+                    let data = String::from_utf8_lossy(&ev.data);
+                    let uri = resolve(&set.sse_url, data.trim())
+                        .map_err(|e| Error::Upstream(format!("bad endpoint {data:?}: {e}")))?;
+                    let link = UpstreamLink {
+                        post_uri: uri,
+                        client: client.clone(),
+                        timeout: set.post_timeout,
+                    };
+                    return Ok((link, reader));
+                }
+                Some(other) => {
+                    tracing::warn!(?other, "upstream event before `endpoint` ignored");
+                }
+            }
+        }
+    };
+    tokio::time::timeout(set.connect_timeout, fut)
+        .await
+        .map_err(|_| Error::UpstreamTimeout("no `endpoint` event in time".into()))?
+}
+
+/// Resolves the `endpoint` event's data against the SSE URL (RFC 3986 §5.2, for the forms servers
+/// send: absolute `http://` URLs, network-path `//host/..`, absolute paths, and relative paths).
+///
+/// # Errors
+/// A reason when the reference is not usable (another scheme, unparsable).
+pub fn resolve(base: &HttpUrl, reference: &str) -> std::result::Result<Uri, String> {
+    let (scheme_less, authority) = if let Some(rest) = reference.strip_prefix("http://") {
+        let (auth, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        (path.to_string(), auth.to_string())
+    } else if reference.contains("://") {
+        return Err("only http:// endpoints are supported".into());
+    } else if let Some(rest) = reference.strip_prefix("//") {
+        let (auth, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        (path.to_string(), auth.to_string())
+    } else {
+        let base_path = base
+            .path_and_query
+            .split(['?', '#'])
+            .next()
+            .unwrap_or("/")
+            .to_string();
+        let merged = if reference.starts_with('/') {
+            reference.to_string()
+        } else if reference.starts_with('?') {
+            format!("{base_path}{reference}")
+        } else {
+            let dir = &base_path[..base_path.rfind('/').map(|i| i + 1).unwrap_or(0)];
+            format!("{dir}{reference}")
+        };
+        (merged, base.authority.clone())
+    };
+    let path = remove_dot_segments(if scheme_less.is_empty() {
+        "/"
+    } else {
+        &scheme_less
+    });
+    format!("http://{authority}{path}")
+        .parse::<Uri>()
+        .map_err(|e| e.to_string())
+}
+
+/// RFC 3986 §5.2.4 on the path part (the query is left alone).
+fn remove_dot_segments(path_and_query: &str) -> String {
+    let (path, query) = match path_and_query.find(['?', '#']) {
+        Some(i) => path_and_query.split_at(i),
+        None => (path_and_query, ""),
+    };
+    let mut out: Vec<&str> = Vec::new();
+    let segs: Vec<&str> = path.split('/').collect();
+    for (i, seg) in segs.iter().enumerate() {
+        let last = i + 1 == segs.len();
+        match *seg {
+            "." => {
+                if last {
+                    out.push("");
+                }
+            }
+            ".." => {
+                if out.len() > 1 {
+                    out.pop();
+                }
+                if last {
+                    out.push("");
+                }
+            }
+            s => out.push(s),
+        }
+    }
+    let mut p = out.join("/");
+    if !p.starts_with('/') {
+        p.insert(0, '/');
+    }
+    p + query
+}
+
+/// How a forwarded POST ended, when it did not succeed.
+impl UpstreamLink {
+    /// The resolved message URL.
+    pub fn post_uri(&self) -> &Uri {
+        &self.post_uri
+    }
+
+    /// Forwards one client message. `Ok(())` on any 2xx.
+    ///
+    /// # Errors
+    /// [`Error::UpstreamLost`] on 404 (the upstream no longer knows the session);
+    /// [`Error::UpstreamTimeout`] after the POST timeout; [`Error::Upstream`] otherwise.
+    pub async fn post(&self, body: Bytes) -> Result<()> {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(self.post_uri.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .body(Full::new(body))
+            .map_err(|e| Error::Upstream(e.to_string()))?;
+        let fut = async {
+            let resp = self
+                .client
+                .request(req)
+                .await
+                .map_err(|e| Error::Upstream(format!("POST failed: {e}")))?;
+            let status = resp.status();
+            // Read (a bounded amount of) the body so the connection can be reused.
+            let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            if status.is_success() {
+                Ok(())
+            } else if status == StatusCode::NOT_FOUND {
+                Err(Error::UpstreamLost)
+            } else {
+                Err(Error::Upstream(format!(
+                    "POST answered {status}: {}",
+                    String::from_utf8_lossy(&body[..body.len().min(200)])
+                )))
+            }
+        };
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| Error::UpstreamTimeout("POST not answered in time".into()))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> HttpUrl {
+        HttpUrl::parse("http://127.0.0.1:8000/a/sse?x=1").unwrap()
+    }
+
+    #[test]
+    fn resolves_endpoint_forms() {
+        let b = base();
+        let r = |s: &str| resolve(&b, s).unwrap().to_string();
+        assert_eq!(
+            r("/message?sessionId=abc"),
+            "http://127.0.0.1:8000/message?sessionId=abc"
+        );
+        assert_eq!(
+            r("/messages/?session_id=ff"),
+            "http://127.0.0.1:8000/messages/?session_id=ff"
+        );
+        assert_eq!(r("messages?s=1"), "http://127.0.0.1:8000/a/messages?s=1");
+        assert_eq!(r("../m?s=1"), "http://127.0.0.1:8000/m?s=1");
+        assert_eq!(r("?s=1"), "http://127.0.0.1:8000/a/sse?s=1");
+        assert_eq!(
+            r("http://127.0.0.1:9000/p?q=1"),
+            "http://127.0.0.1:9000/p?q=1"
+        );
+        assert_eq!(r("//127.0.0.1:9001/p"), "http://127.0.0.1:9001/p");
+        assert!(resolve(&b, "https://x/p").is_err());
+    }
+}

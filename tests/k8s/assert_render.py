@@ -1,0 +1,327 @@
+"""Assertions over one `helm template` rendering of the chart.
+
+    python assert_render.py RENDERED.yaml --release NAME --namespace NS [--values FILE ...]
+
+The values files are the ones given to `helm template`; the expected rendering is derived from
+them merged over the chart's values.yaml, so every scenario checks its own settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+
+from common import (
+    CHART,
+    CONFIG_DEFAULTS,
+    CONFIG_KEYS,
+    CRD_KINDS,
+    ROOT,
+    Checks,
+    chart_values,
+    load_docs,
+)
+
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+}
+
+
+def by_kind(docs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for d in docs:
+        out.setdefault(d["kind"], []).append(d)
+    return out
+
+
+def one(c: Checks, kinds: dict, kind: str) -> dict | None:
+    items = kinds.get(kind, [])
+    c.eq(len(items), 1, f"exactly one {kind}")
+    return items[0] if items else None
+
+
+def port_number(container: dict, port: object) -> object:
+    """A probe or Service port (name or number) resolved against the container's ports."""
+    for p in container.get("ports", []):
+        if p.get("name") == port or p.get("containerPort") == port:
+            return p["containerPort"]
+    return None
+
+
+def matches(selector: dict, labels: dict) -> bool:
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_config(c: Checks, cm: dict, v: dict) -> dict:
+    text = cm["data"].get("config.toml", "")
+    try:
+        cfg = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        c.check(False, f"config.toml parses as TOML: {e}")
+        return {}
+    c.eq(list(cfg), list(CONFIG_KEYS), "config.toml sections (exactly, in order)")
+    for section, keys in CONFIG_KEYS.items():
+        c.eq(list(cfg.get(section, {})), keys, f"config.toml [{section}] keys (exactly)")
+        for key in keys:
+            want_type = type(CONFIG_DEFAULTS[section][key])
+            got = cfg.get(section, {}).get(key)
+            c.check(type(got) is want_type, f"{section}.{key} is a {want_type.__name__} (got {got!r})")
+    pc = v["proxy"]["config"]
+    c.eq(cfg["listen"]["addr"], f"0.0.0.0:{v['proxy']['port']}", "listen.addr binds all interfaces")
+    c.eq(cfg["admin"]["addr"], f"0.0.0.0:{v['proxy']['adminPort']}", "admin.addr binds all interfaces")
+    want_url = pc["upstream"]["sse_url"] or f"http://127.0.0.1:{v['mcpServer']['port']}{v['mcpServer']['ssePath']}"
+    c.eq(cfg["upstream"]["sse_url"], want_url, "upstream.sse_url is the MCP server over loopback")
+    c.eq(cfg["log"]["dir"], "/data", "log.dir is the data volume")
+    derived = {("listen", "addr"), ("admin", "addr"), ("upstream", "sse_url"), ("log", "dir")}
+    for section, keys in CONFIG_KEYS.items():
+        in_values = [k for k in keys if (section, k) not in derived or (section, k) == ("upstream", "sse_url")]
+        c.eq(sorted(pc.get(section, {})), sorted(in_values), f"values.yaml proxy.config.{section} has every settable key")
+    for section, keys in CONFIG_KEYS.items():
+        for key in keys:
+            if (section, key) not in derived:
+                c.eq(cfg[section][key], pc[section][key], f"{section}.{key} comes from proxy.config")
+    return cfg
+
+
+def check_security(c: Checks, pod: dict, container: dict) -> None:
+    psc = pod.get("securityContext", {})
+    sc = container.get("securityContext", {})
+    name = container["name"]
+    for k, want in RESTRICTED_CONTAINER.items():
+        c.eq(sc.get(k), want, f"{name}: securityContext.{k}")
+    c.eq(sc.get("capabilities", {}).get("drop"), ["ALL"], f"{name}: drops all capabilities")
+    c.check(not sc.get("capabilities", {}).get("add"), f"{name}: adds no capabilities")
+    c.check(sc.get("runAsNonRoot", psc.get("runAsNonRoot")) is True, f"{name}: runAsNonRoot")
+    uid = sc.get("runAsUser", psc.get("runAsUser"))
+    c.check(isinstance(uid, int) and uid > 0, f"{name}: runs as a non-zero uid (got {uid!r})")
+    seccomp = sc.get("seccompProfile", psc.get("seccompProfile", {}))
+    c.eq(seccomp.get("type"), "RuntimeDefault", f"{name}: seccomp profile")
+    c.check(not sc.get("privileged"), f"{name}: not privileged")
+    c.check("requests" in container.get("resources", {}) and "limits" in container.get("resources", {}),
+            f"{name}: has resource requests and limits")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("rendered")
+    ap.add_argument("--release", required=True)
+    ap.add_argument("--namespace", required=True)
+    ap.add_argument("--values", action="append", default=[])
+    args = ap.parse_args()
+
+    v = chart_values(*args.values)
+    docs = load_docs(args.rendered)
+    kinds = by_kind(docs)
+    c = Checks(f"render assertions ({', '.join(args.values) or 'default values'})")
+
+    persistent = v["persistence"]["enabled"]
+    workload_kind = "StatefulSet" if persistent else "Deployment"
+    other_kind = "Deployment" if persistent else "StatefulSet"
+    c.check(other_kind not in kinds, f"no {other_kind} rendered")
+    wl = one(c, kinds, workload_kind)
+    if wl is None:
+        return c.done()
+    fullname = wl["metadata"]["name"]
+    pod_meta = wl["spec"]["template"]["metadata"]
+    pod = wl["spec"]["template"]["spec"]
+    pod_labels = pod_meta["labels"]
+    c.check(matches(wl["spec"]["selector"]["matchLabels"], pod_labels), "workload selector matches its pod labels")
+    c.eq(wl["spec"]["replicas"], v["replicaCount"], "replicas")
+
+    containers = {ct["name"]: ct for ct in pod["containers"]}
+    c.eq(sorted(containers), ["mcp-server", "proxy"], "pod runs the MCP server and the proxy sidecar")
+    proxy = containers.get("proxy")
+    server = containers.get("mcp-server")
+    if not proxy or not server:
+        return c.done()
+
+    # Images.
+    img = v["mcpServer"]["image"]
+    c.eq(server["image"], f"{img['repository']}:{img['tag']}", "MCP server image")
+    pimg = v["proxy"]["image"]
+    with open(CHART / "Chart.yaml") as f:
+        app_version = next(line.split(":", 1)[1].strip().strip('"') for line in f if line.startswith("appVersion:"))
+    c.eq(proxy["image"], f"{pimg['repository']}:{pimg['tag'] or app_version}", "proxy image (tag defaults to appVersion)")
+
+    # Ports and probes.
+    c.eq(port_number(server, "mcp"), v["mcpServer"]["port"], "MCP server container port")
+    c.eq(port_number(proxy, "http"), v["proxy"]["port"], "proxy client port")
+    c.eq(port_number(proxy, "admin"), v["proxy"]["adminPort"], "proxy admin port")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
+        get = proxy.get(probe, {}).get("httpGet", {})
+        c.eq(get.get("path"), path, f"proxy {probe} path")
+        c.eq(port_number(proxy, get.get("port")), v["proxy"]["adminPort"], f"proxy {probe} hits the admin port")
+
+    # Config file: mounted where the args point, and complete.
+    c.eq(proxy.get("args", [])[:3], ["run", "--config", "/etc/mcp-resume-proxy/config.toml"], "proxy args")
+    mounts = {m["name"]: m for m in proxy.get("volumeMounts", [])}
+    c.eq(mounts.get("config", {}).get("mountPath"), "/etc/mcp-resume-proxy", "config volume mount")
+    c.check(mounts.get("config", {}).get("readOnly") is True, "config volume is mounted read-only")
+    configmaps = {cm["metadata"]["name"]: cm for cm in kinds.get("ConfigMap", [])}
+    volumes = {vol["name"]: vol for vol in pod.get("volumes", [])}
+    cm_name = volumes.get("config", {}).get("configMap", {}).get("name")
+    cm = configmaps.get(cm_name)
+    cfg: dict = {}
+    if c.check(cm is not None, f"config volume refers to a rendered ConfigMap ({cm_name})"):
+        cfg = check_config(c, cm, v)
+        c.check(pod_meta.get("annotations", {}).get("checksum/config"), "pod template carries checksum/config")
+
+    # Data volume: writable, where log.dir points; emptyDir or a claim template.
+    c.eq(mounts.get("data", {}).get("mountPath"), cfg.get("log", {}).get("dir", "/data"), "data volume is mounted at log.dir")
+    c.check(not mounts.get("data", {}).get("readOnly"), "data volume is writable")
+    if persistent:
+        c.check("data" not in volumes, "no emptyDir data volume with persistence")
+        claims = {t["metadata"]["name"]: t for t in wl["spec"].get("volumeClaimTemplates", [])}
+        claim = claims.get("data", {})
+        c.eq(claim.get("spec", {}).get("resources", {}).get("requests", {}).get("storage"),
+             v["persistence"]["size"], "volumeClaimTemplate data requests persistence.size")
+        sc = v["persistence"]["storageClass"]
+        c.eq(claim.get("spec", {}).get("storageClassName"), sc or None, "claim storage class")
+        services = {s["metadata"]["name"]: s for s in kinds.get("Service", [])}
+        gov = services.get(wl["spec"].get("serviceName"))
+        c.check(gov is not None and gov["spec"].get("clusterIP") == "None",
+                "StatefulSet serviceName is a rendered headless Service")
+    else:
+        c.check("emptyDir" in volumes.get("data", {}), "data volume is an emptyDir")
+        c.check("volumeClaimTemplates" not in wl["spec"], "no claim templates without persistence")
+
+    # Security.
+    psc = pod.get("securityContext", {})
+    c.eq(psc.get("runAsNonRoot"), True, "pod runAsNonRoot")
+    c.eq(psc.get("seccompProfile", {}).get("type"), "RuntimeDefault", "pod seccomp RuntimeDefault")
+    c.eq(pod.get("automountServiceAccountToken"), False, "no service account token mounted")
+    for ct in (server, proxy):
+        check_security(c, pod, ct)
+    c.check(not pod.get("hostNetwork") and not pod.get("hostPID"), "no host namespaces")
+
+    # Drain: the kubelet must wait longer than the proxy drains.
+    grace = cfg.get("shutdown", {}).get("grace_secs", 0)
+    tgps = pod.get("terminationGracePeriodSeconds", 30)
+    c.check(tgps > grace, f"terminationGracePeriodSeconds ({tgps}) > shutdown.grace_secs ({grace})")
+
+    # Services: clients reach the proxy only.
+    services = kinds.get("Service", [])
+    main = next((s for s in services if s["metadata"]["name"] == fullname), None)
+    if c.check(main is not None, "client Service named like the workload"):
+        c.check(matches(main["spec"]["selector"], pod_labels), "client Service selects the pods")
+        ports = main["spec"]["ports"]
+        c.eq([port_number(proxy, p["targetPort"]) for p in ports], [v["proxy"]["port"]],
+             "client Service targets only the proxy's client port")
+        c.eq(ports[0]["port"], v["service"]["port"], "client Service port")
+        if v["service"]["sessionAffinity"]["enabled"]:
+            c.eq(main["spec"].get("sessionAffinity"), "ClientIP", "session affinity by client IP")
+            c.eq(main["spec"].get("sessionAffinityConfig", {}).get("clientIP", {}).get("timeoutSeconds"),
+                 v["service"]["sessionAffinity"]["timeoutSeconds"], "session affinity timeout")
+        else:
+            c.check("sessionAffinity" not in main["spec"], "no session affinity unless enabled")
+    mcp_port = v["mcpServer"]["port"]
+    for s in services:
+        for p in s["spec"]["ports"]:
+            c.check(p.get("targetPort") not in ("mcp", mcp_port), f"Service {s['metadata']['name']} does not expose the MCP server")
+    admin = next((s for s in services if s["metadata"].get("labels", {}).get("app.kubernetes.io/component") == "admin"), None)
+    if c.check(admin is not None, "admin (headless) Service rendered"):
+        c.check(matches(admin["spec"]["selector"], pod_labels), "admin Service selects the pods")
+        c.eq([port_number(proxy, p["targetPort"]) for p in admin["spec"]["ports"]], [v["proxy"]["adminPort"]],
+             "admin Service targets the admin port")
+
+    # PodDisruptionBudget.
+    if v["podDisruptionBudget"]["enabled"]:
+        pdb = one(c, kinds, "PodDisruptionBudget")
+        if pdb:
+            c.check(matches(pdb["spec"]["selector"]["matchLabels"], pod_labels), "PDB selects the pods")
+            c.check(("minAvailable" in pdb["spec"]) != ("maxUnavailable" in pdb["spec"]),
+                    "PDB sets exactly one of minAvailable / maxUnavailable")
+
+    # NetworkPolicy.
+    if v["networkPolicy"]["enabled"]:
+        np = one(c, kinds, "NetworkPolicy")
+        if np:
+            c.check(matches(np["spec"]["podSelector"]["matchLabels"], pod_labels), "NetworkPolicy selects the pods")
+            c.eq(np["spec"]["policyTypes"], ["Ingress"], "NetworkPolicy policy types")
+            allowed = sorted(port_number(proxy, p["port"]) for rule in np["spec"]["ingress"] for p in rule["ports"])
+            c.eq(allowed, sorted([v["proxy"]["port"], v["proxy"]["adminPort"]]),
+                 "NetworkPolicy admits only the proxy's ports (not the MCP server's)")
+            metrics_rule = next((r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == "admin"), {})
+            c.eq(metrics_rule.get("from", []), v["networkPolicy"]["metricsFrom"], "admin port peers")
+    else:
+        c.check("NetworkPolicy" not in kinds, "no NetworkPolicy unless enabled")
+
+    # Prometheus Operator resources (CRDs: no bundled schema, so checked structurally here).
+    if v["metrics"]["serviceMonitor"]["enabled"]:
+        sm = one(c, kinds, "ServiceMonitor")
+        if sm:
+            c.eq(sm["apiVersion"], "monitoring.coreos.com/v1", "ServiceMonitor apiVersion")
+            labels = sm["metadata"].get("labels", {})
+            for k, val in v["metrics"]["serviceMonitor"]["labels"].items():
+                c.eq(labels.get(k), val, f"ServiceMonitor label {k}")
+            sel = sm["spec"]["selector"]["matchLabels"]
+            hits = [s["metadata"]["name"] for s in services if matches(sel, s["metadata"].get("labels", {}))]
+            c.eq(hits, [admin["metadata"]["name"]] if admin else [], "ServiceMonitor selects only the admin Service")
+            c.eq(sm["spec"]["namespaceSelector"], {"matchNames": [args.namespace]}, "ServiceMonitor namespace")
+            ep = sm["spec"]["endpoints"]
+            c.eq(len(ep), 1, "one scrape endpoint")
+            if ep:
+                c.eq(ep[0].get("port"), "admin", "scrapes the admin port by name")
+                if admin:
+                    c.check(ep[0].get("port") in [p["name"] for p in admin["spec"]["ports"]],
+                            "scrape port is a port of the admin Service")
+                c.eq(ep[0].get("path"), "/metrics", "scrape path")
+                relabel = {r.get("targetLabel"): r.get("replacement") for r in ep[0].get("relabelings", [])}
+                c.eq(relabel.get("job"), fullname, "scraped series get job=<fullname>, as the alerts select")
+                allowed = {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings", "scheme"}
+                c.check(set(ep[0]) <= allowed, f"endpoint fields are ServiceMonitor fields: {sorted(ep[0])}")
+    else:
+        c.check("ServiceMonitor" not in kinds, "no ServiceMonitor unless enabled")
+
+    if v["prometheusRule"]["enabled"]:
+        rule = one(c, kinds, "PrometheusRule")
+        if rule:
+            c.eq(rule["apiVersion"], "monitoring.coreos.com/v1", "PrometheusRule apiVersion")
+            c.eq(sorted(rule["spec"]), ["groups"], "PrometheusRule spec has only groups")
+            readme = (CHART / "README.md").read_text().lower()
+            for group in rule["spec"]["groups"]:
+                c.check(set(group) <= {"name", "interval", "rules"}, f"group {group.get('name')} fields")
+                for r in group["rules"]:
+                    name = r.get("alert", "?")
+                    c.check(set(r) <= {"alert", "expr", "for", "labels", "annotations"}, f"{name}: rule fields")
+                    c.check(r.get("expr"), f"{name}: has expr")
+                    c.check(r.get("labels", {}).get("severity") in ("warning", "critical", "info"), f"{name}: severity")
+                    ann = r.get("annotations", {})
+                    c.check(ann.get("summary") and ann.get("description"), f"{name}: summary and description")
+                    anchor = ann.get("runbook_url", "").rpartition("#")[2]
+                    c.check(anchor == name.lower() and f"### {name.lower()}" in readme,
+                            f"{name}: runbook_url points at its README section")
+                    c.check(ann.get("runbook_url", "").startswith(v["prometheusRule"]["runbookBaseUrl"]),
+                            f"{name}: runbook_url uses prometheusRule.runbookBaseUrl")
+    else:
+        c.check("PrometheusRule" not in kinds, "no PrometheusRule unless enabled")
+
+    # Dashboard ConfigMap: the same JSON as deploy/grafana, with the Grafana sidecar label.
+    dash_cms = [cm for cm in kinds.get("ConfigMap", []) if cm["metadata"]["name"].endswith("-dashboard")]
+    if v["dashboard"]["enabled"]:
+        c.eq(len(dash_cms), 1, "one dashboard ConfigMap")
+        if dash_cms:
+            dcm = dash_cms[0]
+            c.eq(dcm["metadata"]["labels"].get("grafana_dashboard"), "1", "dashboard ConfigMap has the Grafana sidecar label")
+            body = dcm["data"].get("mcp-resume-proxy.json", "")
+            with open(ROOT / "deploy" / "grafana" / "mcp-resume-proxy.json") as f:
+                c.check(json.loads(body) == json.load(f), "dashboard ConfigMap holds deploy/grafana/mcp-resume-proxy.json")
+    else:
+        c.eq(dash_cms, [], "no dashboard ConfigMap unless enabled")
+
+    # Every core resource carries the standard labels; CRD kinds are the only non-core ones.
+    for d in docs:
+        labels = d["metadata"].get("labels", {})
+        c.check(labels.get("app.kubernetes.io/instance") == args.release and "helm.sh/chart" in labels,
+                f"{d['kind']}/{d['metadata']['name']} has the standard labels")
+    c.check({d["kind"] for d in docs} - CRD_KINDS <= {
+        "ConfigMap", "Service", "ServiceAccount", "Deployment", "StatefulSet",
+        "PodDisruptionBudget", "NetworkPolicy"}, "only expected kinds are rendered")
+    return c.done()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

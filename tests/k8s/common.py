@@ -1,0 +1,196 @@
+"""Shared facts and helpers of the Kubernetes kit checks (run by scripts/check-k8s).
+
+The metric names, types and labels below are design.md §7's fixed contract, plus
+`mcp_resume_log_max_bytes` (the configured `log.max_total_bytes`, exported so alerts can use a
+ratio). When ../shared/design.md is present, `design_metrics()` reads the table and the checks
+compare it with this copy, so the two cannot drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "mcp-resume-proxy"
+
+# name -> (type, label names)
+METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "mcp_resume_refusals_total": ("counter", ("reason",)),
+    "mcp_resume_resumes_total": ("counter", ("facade",)),
+    "mcp_resume_replayed_events_total": ("counter", ()),
+    "mcp_resume_events_logged_total": ("counter", ()),
+    "mcp_resume_events_delivered_total": ("counter", ()),
+    "mcp_resume_log_append_seconds": ("histogram", ()),
+    "mcp_resume_log_bytes": ("gauge", ()),
+    "mcp_resume_sessions_active": ("gauge", ()),
+    "mcp_resume_sessions_started_total": ("counter", ("facade",)),
+    "mcp_resume_sessions_ended_total": ("counter", ("reason",)),
+    "mcp_resume_inflight_aborted_total": ("counter", ()),
+    "mcp_resume_upstream_errors_total": ("counter", ("kind",)),
+    "mcp_resume_client_streams_active": ("gauge", ("facade",)),
+}
+# Not in design.md §7's table: the configured bound of mcp_resume_log_bytes.
+EXTRA_METRICS = {"mcp_resume_log_max_bytes": ("gauge", ())}
+ALL_METRICS = {**METRICS, **EXTRA_METRICS}
+
+# Known label values (design.md §4 and §7); every one should be exported from the start at 0,
+# so rate() and the alerts see a series before the first event.
+REFUSAL_REASONS = (
+    "malformed_cursor",
+    "foreign_session",
+    "unknown_session",
+    "cursor_trimmed",
+    "cursor_ahead",
+    "unknown_epoch",
+)
+ENDED_REASONS = ("client_delete", "idle_timeout", "upstream_lost", "shutdown", "evicted")
+FACADES = ("legacy", "streamable")
+
+# Metrics that queries may name besides the proxy's own.
+PROMETHEUS_METRICS = {"up"}
+KUBE_STATE_METRICS = {
+    "kube_deployment_spec_replicas",
+    "kube_deployment_status_replicas_ready",
+    "kube_statefulset_replicas",
+    "kube_statefulset_status_replicas_ready",
+}
+
+# The proxy's config: section -> keys, exactly (design.md §7 plus the issue's additions).
+CONFIG_KEYS = {
+    "listen": ["addr", "max_connections"],
+    "admin": ["addr"],
+    "upstream": ["sse_url", "post_timeout_secs", "connect_timeout_secs", "max_event_bytes"],
+    "legacy": ["sse_path", "message_path"],
+    "streamable": ["path", "allowed_origins"],
+    "log": ["dir", "durability", "max_events_per_session", "max_bytes_per_session", "max_total_bytes"],
+    "sessions": ["idle_ttl_secs", "retain_ended_secs", "max_sessions", "keepalive_secs"],
+    "shutdown": ["grace_secs"],
+}
+CONFIG_DEFAULTS = {
+    "listen": {"addr": "127.0.0.1:8080", "max_connections": 10000},
+    "admin": {"addr": "127.0.0.1:9090"},
+    "upstream": {
+        "sse_url": "http://127.0.0.1:8000/sse",
+        "post_timeout_secs": 30,
+        "connect_timeout_secs": 10,
+        "max_event_bytes": 4194304,
+    },
+    "legacy": {"sse_path": "/sse", "message_path": "/messages"},
+    "streamable": {"path": "/mcp", "allowed_origins": []},
+    "log": {
+        "dir": "./data",
+        "durability": "fsync",
+        "max_events_per_session": 10000,
+        "max_bytes_per_session": 67108864,
+        "max_total_bytes": 1073741824,
+    },
+    "sessions": {"idle_ttl_secs": 300, "retain_ended_secs": 600, "max_sessions": 10000, "keepalive_secs": 15},
+    "shutdown": {"grace_secs": 10},
+}
+
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+class Checks:
+    """Collects named assertions; `done()` prints a summary and gives the exit code."""
+
+    def __init__(self, title: str):
+        self.title = title
+        self.failures: list[str] = []
+        self.count = 0
+
+    def check(self, cond: object, what: str) -> bool:
+        self.count += 1
+        if not cond:
+            self.failures.append(what)
+            print(f"  not ok: {what}")
+        return bool(cond)
+
+    def eq(self, got: object, want: object, what: str) -> bool:
+        return self.check(got == want, f"{what}: got {got!r}, want {want!r}")
+
+    def done(self) -> int:
+        print(f"{self.title}: {self.count - len(self.failures)}/{self.count} assertions hold")
+        return 1 if self.failures else 0
+
+
+def load_docs(path: str | os.PathLike) -> list[dict]:
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def chart_values(*files: str) -> dict:
+    with open(CHART / "values.yaml") as f:
+        values = yaml.safe_load(f)
+    for path in files:
+        with open(path) as f:
+            values = deep_merge(values, yaml.safe_load(f) or {})
+    return values
+
+
+def design_metrics() -> dict[str, tuple[str, tuple[str, ...]]] | None:
+    """The metric table of design.md §7, or None when shared/ is not beside the repository."""
+    candidate = ROOT.parent / "shared" / "design.md"
+    if not candidate.is_file():
+        return None
+    text = candidate.read_text()
+    section = text.split("## 7.", 1)[1].split("\n## ", 1)[0]
+    out = {}
+    for m in re.finditer(r"^\| `(mcp_resume_[a-z_]+)` \| (\w+) \| ([^|]*)\|", section, re.M):
+        labels = tuple(re.findall(r"^`([a-z_]+)`", m.group(3).strip()))
+        out[m.group(1)] = (m.group(2), labels)
+    return out
+
+
+_PROMQL_KEYWORDS = {
+    "by", "without", "on", "ignoring", "group_left", "group_right", "and", "or", "unless",
+    "offset", "bool", "inf", "nan", "atan2", "start", "end",
+}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects (a lexical scan: strings, label matchers, ranges,
+    grouping clauses and function calls removed; what is left as an identifier is a metric)."""
+    s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
+    s = re.sub(r"\{[^}]*\}", " ", s)
+    s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):
+        word = m.group(0)
+        rest = s[m.end():].lstrip()
+        if rest.startswith("(") or word.lower() in _PROMQL_KEYWORDS:
+            continue
+        if re.fullmatch(r"[0-9.eE+-]+", word):
+            continue
+        names.add(word)
+    return names
+
+
+def base_metric(name: str) -> str:
+    """Histogram series name -> family name."""
+    for suffix in ("_bucket", "_sum", "_count"):
+        if name.endswith(suffix) and name[: -len(suffix)] in ALL_METRICS:
+            return name[: -len(suffix)]
+    return name
+
+
+def fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Legacy HTTP+SSE (MCP 2024-11-05) test peer: the Python SDK's FastMCP (PyPI `mcp==1.30.0`).
+
+What: an UNMODIFIED FastMCP server with transport "sse" (GET /sse, POST /messages/?session_id=<32 hex>),
+bound to 127.0.0.1 only, exposing three tools for the proxy's integration tests:
+  tick(n, interval_ms=200)  n x (notifications/progress "step i" + notifications/message "tick i"), sleeping
+                            interval_ms after each step; returns "done n". Progress is only sent when the
+                            request carries _meta.progressToken (standard FastMCP behaviour).
+  echo(text)                returns text.
+  burst(n)                  n x notifications/message "burst i" back-to-back, returns "burst n".
+
+Run (after scripts/install-peers):
+  tests/peers/.venv/bin/python tests/peers/fastmcp_legacy_server.py PORT [--lifetime SECONDS]
+
+stdout: exactly one JSON line once the socket is bound:
+  {"ready": true, "port": PORT, "pid": PID, "sse_url": "http://127.0.0.1:PORT/sse"}
+stderr: uvicorn / mcp diagnostics (uvicorn's access log is routed to stderr too).
+Exit: on SIGTERM/SIGINT uvicorn shuts down gracefully (<= 2 s even with open SSE streams), then re-raises
+  the signal, so the process dies BY the signal (shell status 143 for SIGTERM); 1 on bind/startup failure;
+  124 when --lifetime (env PEER_LIFETIME_S, default 600 s, 0 = unlimited) expires;
+  125 when orphaned (parent process died; disable with env PEER_ORPHAN_EXIT=0).
+This is the code path of FastMCP.run(transport="sse") (run_sse_async: sse_app() served by uvicorn.Server),
+inlined only so that readiness can be reported and logs kept off stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import anyio
+import uvicorn
+from mcp.server.fastmcp import Context, FastMCP
+
+PROG = "fastmcp_legacy_server"
+
+
+def log(msg: str) -> None:
+    print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def build(port: int) -> FastMCP:
+    mcp = FastMCP("legacy-peer", host="127.0.0.1", port=port)
+
+    @mcp.tool()
+    async def tick(n: int, ctx: Context, interval_ms: int = 200) -> str:
+        """Report n progress steps and n info logs, sleeping interval_ms after each step."""
+        for i in range(n):
+            await ctx.report_progress(i + 1, n, f"step {i + 1}")
+            await ctx.info(f"tick {i + 1}")
+            await anyio.sleep(interval_ms / 1000)
+        return f"done {n}"
+
+    @mcp.tool()
+    async def echo(text: str) -> str:
+        """Return text unchanged."""
+        return text
+
+    @mcp.tool()
+    async def burst(n: int, ctx: Context) -> str:
+        """Send n info log notifications as fast as possible, then return."""
+        for i in range(n):
+            await ctx.info(f"burst {i + 1}")
+        return f"burst {n}"
+
+    return mcp
+
+
+# uvicorn's default config sends the access log to stdout; keep stdout for JSON only.
+LOG_CONFIG = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain", "stream": "ext://sys.stderr"}},
+    "loggers": {
+        "uvicorn": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        "uvicorn.error": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+        "uvicorn.access": {"handlers": ["stderr"], "level": "INFO", "propagate": False},
+    },
+}
+
+
+async def serve(port: int, lifetime: float, orphan_exit: bool) -> int:
+    mcp = build(port)
+    config = uvicorn.Config(
+        mcp.sse_app(),
+        host=mcp.settings.host,
+        port=mcp.settings.port,
+        log_level=mcp.settings.log_level.lower(),
+        log_config=LOG_CONFIG,
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    parent = os.getppid()
+    status = {"code": 0}
+
+    async def watch() -> None:
+        start = anyio.current_time()
+        announced = False
+        while True:
+            await anyio.sleep(0.05 if not announced else 0.5)
+            if not announced and server.started:
+                print(
+                    json.dumps({"ready": True, "port": port, "pid": os.getpid(),
+                                "sse_url": f"http://127.0.0.1:{port}/sse"}),
+                    flush=True,
+                )
+                announced = True
+            if lifetime > 0 and anyio.current_time() - start > lifetime:
+                log(f"lifetime of {lifetime:g} s expired, shutting down")
+                status["code"] = 124
+                server.should_exit = True
+                return
+            if orphan_exit and os.getppid() != parent:
+                log("parent process died, shutting down")
+                status["code"] = 125
+                server.should_exit = True
+                return
+            if server.should_exit:
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        try:
+            await server.serve()
+        except SystemExit as e:  # uvicorn: sys.exit(STARTUP_FAILURE) when the port cannot be bound
+            log(f"uvicorn startup failed (SystemExit {e.code})")
+            status["code"] = 1
+        tg.cancel_scope.cancel()
+    if status["code"] == 0 and not server.started:
+        log("server stopped before it started")
+        return 1
+    return status["code"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(prog=PROG, description="FastMCP legacy SSE test peer")
+    ap.add_argument("port", type=int)
+    ap.add_argument("--lifetime", type=float, default=float(os.environ.get("PEER_LIFETIME_S", "600")),
+                    help="exit (124) after this many seconds; 0 = unlimited (env PEER_LIFETIME_S, default 600)")
+    args = ap.parse_args()
+    if not 0 < args.port < 65536:
+        ap.error("port out of range")
+    orphan_exit = os.environ.get("PEER_ORPHAN_EXIT", "1") != "0"
+    try:
+        return anyio.run(serve, args.port, args.lifetime, orphan_exit)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
