@@ -483,13 +483,21 @@ impl Registry {
         };
         if let Some(p) = pump {
             // Dropping the reader closes the upstream GET: the upstream session ends with ours.
+            // (When the pump itself is ending the session, this cancels it at its next await,
+            // which is the wait below; the end work runs in its own task and is not cancelled.)
             p.abort();
         }
         self.lock().remove(&session.id);
         self.metrics.sessions_active.dec();
-        if let Err(e) = self.log.end_session(&session.log, reason, aborts).await {
-            tracing::error!(session = %session.id, error = %e, "cannot log the end of a session");
-        }
+        // Own task: neither a dropped request future nor the pump's abort may cut the end short,
+        // or readers would never see the end marker and in-flight awaits would hang.
+        let (log, sl, id) = (self.log.clone(), session.log.clone(), session.id);
+        let work = tokio::spawn(async move {
+            if let Err(e) = log.end_session(&sl, reason, aborts).await {
+                tracing::error!(session = %id, error = %e, "cannot log the end of a session");
+            }
+        });
+        let _ = work.await;
     }
 
     /// Ends every live session (shutdown).

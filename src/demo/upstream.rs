@@ -1063,6 +1063,24 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn slow_reader_only_stalls_its_own_session() {
+        let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+        let slow = SseClient::connect(up.addr).await;
+        let big = json!({"count": 1_000_000, "size": 1024});
+        assert_eq!(slow.post(up.addr, &call(1, "emit", big)).await.0, 202);
+        tokio::time::sleep(Duration::from_millis(100)).await; // socket + channel fill up
+        let mut fast = SseClient::connect(up.addr).await;
+        fast.post(
+            up.addr,
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "ping"}),
+        )
+        .await;
+        assert_eq!(fast.next_json().await["id"], 2);
+        drop(slow); // the stalled emit task notices and stops
+        wait_sessions(&up, 1).await;
+    }
+
+    #[tokio::test]
     async fn misbehave_kinds() {
         let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
         let mut c = SseClient::connect(up.addr).await;
