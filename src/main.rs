@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_env("MCP_RESUME_PROXY_LOG")
         .unwrap_or_else(|_| {
             tracing_subscriber::EnvFilter::new(match cli.cmd {
-                Some(Cmd::Demo) => "warn",
+                Some(Cmd::Demo) => "error",
                 _ => "info",
             })
         });

@@ -37,6 +37,8 @@ struct State {
     progress: HashMap<String, StreamTag>,
     /// Attached client streams: stream → (attachment number, kick signal).
     attached: HashMap<StreamTag, (u64, watch::Sender<bool>)>,
+    /// Per stream, the seq its client connections have been delivered through.
+    positions: HashMap<StreamTag, u64>,
     next_attachment: u64,
     next_post_stream: u64,
     last_detach: Instant,
@@ -72,6 +74,16 @@ pub struct Attachment {
     number: u64,
     /// Becomes `true` when a newer connection took this stream over.
     pub kicked: watch::Receiver<bool>,
+}
+
+impl Attachment {
+    /// Records that this connection has delivered its stream through `seq`, so that a later
+    /// connection to the stream without a cursor (a plain Streamable HTTP `GET`) starts after it.
+    pub fn advance(&self, seq: u64) {
+        let mut st = self.session.lock();
+        let p = st.positions.entry(self.stream).or_insert(0);
+        *p = (*p).max(seq);
+    }
 }
 
 impl Drop for Attachment {
@@ -122,6 +134,11 @@ impl Session {
     /// Is any client attached to `stream`?
     pub fn is_attached(&self, stream: StreamTag) -> bool {
         self.lock().attached.contains_key(&stream)
+    }
+
+    /// The seq through which client connections of `stream` have been delivered (0 before any).
+    pub fn position(&self, stream: StreamTag) -> u64 {
+        self.lock().positions.get(&stream).copied().unwrap_or(0)
     }
 
     /// A new POST stream tag (Streamable HTTP).
@@ -395,6 +412,7 @@ impl Registry {
                 inflight: HashMap::new(),
                 progress: HashMap::new(),
                 attached: HashMap::new(),
+                positions: HashMap::new(),
                 next_attachment: 0,
                 next_post_stream: 0,
                 last_detach: Instant::now(),

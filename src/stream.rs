@@ -34,6 +34,15 @@ const CHANNEL_FRAMES: usize = 16;
 pub enum Filter {
     /// Every event of one stream.
     Stream(StreamTag),
+    /// The events of one Streamable HTTP POST stream, ending after `responses` [`Kind::Final`]
+    /// events (one per request the POST carried; a 2025-03-26 batch carries several). With
+    /// `responses == 0` the stream ends as soon as it has caught up with the log head.
+    Post {
+        /// The POST stream.
+        stream: StreamTag,
+        /// Final events still to deliver before the stream ends.
+        responses: usize,
+    },
 }
 
 /// Everything a client stream needs.
@@ -52,7 +61,8 @@ pub struct StreamSpec {
     pub facade: Facade,
     /// The attachment (takeover signal), when the session is live.
     pub attachment: Option<Attachment>,
-    /// End after the first `Final` event of the stream (POST streams).
+    /// End after the first `Final` event of the stream (POST streams). [`Filter::Post`] counts
+    /// its own finals and ignores this.
     pub end_on_final: bool,
 }
 
@@ -141,7 +151,10 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
     let mut head_rx = spec.log.subscribe();
     let mut keepalive = tokio::time::interval(env.keepalive);
     keepalive.reset();
-    let Filter::Stream(tag) = spec.filter;
+    let (tag, mut finals_left) = match spec.filter {
+        Filter::Stream(tag) => (tag, None),
+        Filter::Post { stream, responses } => (stream, Some(responses)),
+    };
 
     for frame in std::mem::take(&mut spec.preamble) {
         if tx.send(frame).await.is_err() {
@@ -158,6 +171,9 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
             }
         };
         if batch.is_empty() {
+            if finals_left == Some(0) {
+                return End::StreamComplete;
+            }
             tokio::select! {
                 // The head moved: read again.
                 r = head_rx.changed() => if r.is_err() { return End::Store },
@@ -200,9 +216,25 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
                 }
             }
             keepalive.reset();
-            if spec.end_on_final && ev.kind == Kind::Final {
-                return End::StreamComplete;
+            if let Some(a) = &spec.attachment {
+                a.advance(ev.seq);
             }
+            if ev.kind == Kind::Final {
+                match finals_left.as_mut() {
+                    Some(n) => {
+                        *n = n.saturating_sub(1);
+                        if *n == 0 {
+                            return End::StreamComplete;
+                        }
+                    }
+                    None if spec.end_on_final => return End::StreamComplete,
+                    None => {}
+                }
+            }
+        }
+        if let Some(a) = &spec.attachment {
+            // Events of other streams read past count as delivered for this one.
+            a.advance(spec.after);
         }
     }
 }

@@ -751,6 +751,24 @@ impl Log {
             .find(|e| e.seq == seq))
     }
 
+    /// The ids (canonical JSON) of the requests of `session` on `stream` that are durably in
+    /// flight: registered and not yet answered by a written event. An answer removes its entry in
+    /// the same write that stores it, so after a [`Log::flush`] every request missing here has its
+    /// answer published.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when sled fails to read.
+    pub fn inflight_on(&self, session: &SessionId, stream: StreamTag) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for item in self.store.inflight.scan_prefix(session.0) {
+            let (k, v) = item.map_err(store_err)?;
+            if key::parse_inflight_value(&v).is_some_and(|(s, _)| s == stream) {
+                out.push(String::from_utf8_lossy(&k[16..]).into_owned());
+            }
+        }
+        Ok(out)
+    }
+
     /// Payload bytes retained, all sessions.
     pub fn total_bytes(&self) -> u64 {
         self.store.total_bytes.load(Ordering::Relaxed)

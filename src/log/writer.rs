@@ -150,11 +150,12 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
         }
     }
     for log in &touched {
-        let head = log.lock().ranges.head;
-        log.head_tx.send_replace(head);
+        // Trim before waking readers, so nobody observes a head beyond the retention bound.
         if let Err(e) = trim(store, log) {
             tracing::error!(session = %log.id, error = %e, "trim failed");
         }
+        let head = log.lock().ranges.head;
+        log.head_tx.send_replace(head);
     }
     metrics
         .log_bytes
