@@ -46,6 +46,16 @@ enum Cmd {
     /// Run an embedded legacy MCP upstream, the proxy, and a narrated client that disconnects,
     /// resumes, and meets a refusal.
     Demo,
+    /// Run only the embedded legacy MCP upstream of the demo (for load and chaos harnesses).
+    #[command(hide = true)]
+    DemoUpstream {
+        /// Address to listen on.
+        #[arg(long = "at", default_value = "127.0.0.1:8000")]
+        at: String,
+        /// Use CRLF line endings (like Python servers).
+        #[arg(long)]
+        crlf: bool,
+    },
     /// Read a data directory: sessions, epochs, heads; or the events of one session.
     Inspect {
         /// A session id to list the events of.
@@ -106,6 +116,22 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Some(Cmd::DemoUpstream { at, crlf }) => {
+            use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+            let served = rt.block_on(async {
+                let listener = tokio::net::TcpListener::bind(&at).await?;
+                println!("demo upstream listening on http://{}/sse", listener.local_addr()?);
+                let opts = UpstreamOptions { crlf, ping_secs: None };
+                Upstream::serve(listener, opts, mcp_resume_proxy::shutdown::signal()).await
+            });
+            match served {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("demo-upstream: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Some(Cmd::Inspect { session }) => {
             let dir = cli.run.data_dir.clone().or_else(|| {
                 Config::load(cli.run.config.as_deref(), &over)
