@@ -85,6 +85,12 @@ pub struct SseBody {
     _gauge: GaugeGuard,
 }
 
+impl std::fmt::Debug for SseBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SseBody").finish_non_exhaustive()
+    }
+}
+
 struct GaugeGuard(IntGauge);
 
 impl Drop for GaugeGuard {

@@ -795,8 +795,26 @@ impl Log {
         self.store.db.flush_async().await.map_err(store_err)?;
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = writer {
+            // Everything is flushed; stop the writer and wait, so the store is released when
+            // the last handle goes (a restart in the same process can reopen it).
             w.abort();
+            let _ = w.await;
         }
         Ok(())
     }
 }
+
+#[cfg(test)]
+impl Log {
+    /// Simulates a crash: the writer stops without marking the log clean.
+    pub(crate) async fn crash(self: Arc<Self>) {
+        let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = writer {
+            w.abort();
+            let _ = w.await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -44,6 +44,9 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
     let mut pending: Vec<Pending> = Vec::new();
     let mut acks: Vec<oneshot::Sender<Result<u64>>> = Vec::new();
     let mut removes = Vec::new();
+    // A request's in-flight record is flushed before it is forwarded even in relaxed mode: it is
+    // what lets a restart answer the request (I6), and requests are rare next to events.
+    let mut must_flush = false;
 
     for op in ops.drain(..) {
         match op {
@@ -84,6 +87,7 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
                     key::inflight_key(&session, &request_id),
                     &key::inflight_value(stream, registered_at),
                 );
+                must_flush = true;
                 acks.push(done);
             }
             Op::InflightDone {
@@ -105,11 +109,15 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
                 removes.push(session);
                 acks.push(done);
             }
-            Op::Flush { done } => acks.push(done),
+            Op::Flush { done } => {
+                must_flush = true;
+                acks.push(done);
+            }
         }
     }
 
-    let written = write(store, events, inflight, sessions, &removes).await;
+    let flush = must_flush || store.durability == Durability::Fsync;
+    let written = write(store, events, inflight, sessions, &removes, flush).await;
     if let Err(e) = written {
         tracing::error!(error = %e, "log write failed; appends in this batch are rejected");
         for p in &pending {
@@ -171,6 +179,7 @@ async fn write(
     inflight: sled::Batch,
     sessions: sled::Batch,
     removes: &[crate::log::cursor::SessionId],
+    flush: bool,
 ) -> std::result::Result<(), String> {
     let e = |e: sled::Error| e.to_string();
     store.events.apply_batch(events).map_err(e)?;
@@ -179,7 +188,7 @@ async fn write(
     for id in removes {
         remove_session(store, id).map_err(e)?;
     }
-    if store.durability == Durability::Fsync {
+    if flush {
         store.db.flush_async().await.map_err(e)?;
     }
     Ok(())

@@ -1,0 +1,97 @@
+{{/* Name of the chart, overridable. */}}
+{{- define "mcp-resume-proxy.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Full name: release name, plus the chart name unless the release name contains it. */}}
+{{- define "mcp-resume-proxy.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Name of the headless Service that governs the pods and carries the admin port. */}}
+{{- define "mcp-resume-proxy.adminServiceName" -}}
+{{- printf "%s-admin" (include "mcp-resume-proxy.fullname" . | trunc 57 | trimSuffix "-") }}
+{{- end }}
+
+{{- define "mcp-resume-proxy.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of every resource. */}}
+{{- define "mcp-resume-proxy.labels" -}}
+helm.sh/chart: {{ include "mcp-resume-proxy.chart" . }}
+{{ include "mcp-resume-proxy.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels that select this release's pods. */}}
+{{- define "mcp-resume-proxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "mcp-resume-proxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "mcp-resume-proxy.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "mcp-resume-proxy.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "mcp-resume-proxy.proxyImage" -}}
+{{- printf "%s:%s" .Values.proxy.image.repository (default .Chart.AppVersion .Values.proxy.image.tag) }}
+{{- end }}
+
+{{/* Where the config file and the data volume are mounted in the proxy container. */}}
+{{- define "mcp-resume-proxy.configDir" -}}/etc/mcp-resume-proxy{{- end }}
+{{- define "mcp-resume-proxy.dataDir" -}}/data{{- end }}
+
+{{/* The upstream SSE URL: the MCP server container over the pod's loopback. */}}
+{{- define "mcp-resume-proxy.upstreamUrl" -}}
+{{- $u := .Values.proxy.config.upstream -}}
+{{- if $u.sse_url -}}
+{{- $u.sse_url -}}
+{{- else -}}
+{{- printf "http://127.0.0.1:%d%s" (int .Values.mcpServer.port) .Values.mcpServer.ssePath -}}
+{{- end -}}
+{{- end }}
+
+{{/* Label matchers that select this release's proxy series in alert rules. */}}
+{{- define "mcp-resume-proxy.ruleSelector" -}}
+{{- if .Values.prometheusRule.selector -}}
+{{- .Values.prometheusRule.selector -}}
+{{- else -}}
+{{- printf "namespace=%q,job=%q" .Release.Namespace (include "mcp-resume-proxy.fullname" .) -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+Checks that values which would only fail at run time fail at render time instead.
+*/}}
+{{- define "mcp-resume-proxy.validate" -}}
+{{- $ports := list (int .Values.mcpServer.port) (int .Values.proxy.port) (int .Values.proxy.adminPort) -}}
+{{- if ne (len (uniq $ports)) 3 -}}
+{{- fail (printf "mcpServer.port, proxy.port and proxy.adminPort must differ (they share the pod's network): %v" $ports) -}}
+{{- end -}}
+{{- if le (int .Values.terminationGracePeriodSeconds) (int .Values.proxy.config.shutdown.grace_secs) -}}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be larger than proxy.config.shutdown.grace_secs (%d), or the kubelet kills the proxy mid-drain" (int .Values.terminationGracePeriodSeconds) (int .Values.proxy.config.shutdown.grace_secs)) -}}
+{{- end -}}
+{{- $log := .Values.proxy.config.log -}}
+{{- if lt (int64 $log.max_total_bytes) (int64 $log.max_bytes_per_session) -}}
+{{- fail "proxy.config.log.max_total_bytes must be at least proxy.config.log.max_bytes_per_session" -}}
+{{- end -}}
+{{- $c := .Values.proxy.config -}}
+{{- if ne (len (uniq (list $c.legacy.sse_path $c.legacy.message_path $c.streamable.path))) 3 -}}
+{{- fail "proxy.config.legacy.sse_path, legacy.message_path and streamable.path must differ" -}}
+{{- end -}}
+{{- end }}

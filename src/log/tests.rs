@@ -1,0 +1,167 @@
+//! Unit tests of the log: order, reads from the window and from sled, trimming, recovery, epochs.
+
+use super::*;
+use crate::config::LogConfig;
+use crate::log::cursor::{check_resume, Cursor, Refusal};
+
+fn cfg(dir: &std::path::Path, durability: Durability) -> LogConfig {
+    LogConfig {
+        dir: dir.to_path_buf(),
+        durability,
+        max_events_per_session: 1000,
+        max_bytes_per_session: 1 << 20,
+        max_total_bytes: 1 << 30,
+    }
+}
+
+fn msg(i: u64) -> NewEvent {
+    NewEvent::new(
+        StreamTag::LEGACY,
+        Kind::Message,
+        Bytes::from(format!("{{\"jsonrpc\":\"2.0\",\"method\":\"n\",\"params\":{{\"i\":{i}}}}}")),
+    )
+}
+
+async fn open(c: &LogConfig) -> (Arc<Log>, Recovery) {
+    Log::open(c, Metrics::new()).await.unwrap()
+}
+
+#[tokio::test]
+async fn appends_get_consecutive_seqs_and_read_back_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, rec) = open(&cfg(dir.path(), Durability::Fsync)).await;
+    assert_eq!(rec.sessions, 0);
+    let sl = log.create(SessionId::random(), Facade::Legacy, None).await.unwrap();
+    for i in 1..=500 {
+        log.append_nowait(&sl, msg(i)).await.unwrap();
+    }
+    log.flush().await.unwrap();
+    assert_eq!(sl.head(), 500);
+    // From the window (recent) and from sled (older than the window): same answer.
+    for after in [0u64, 10, 371, 499] {
+        let evs = log.read_after(&sl, after, 1000).unwrap();
+        let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, ((after + 1)..=500).collect::<Vec<_>>(), "after {after}");
+        assert!(evs.iter().all(|e| e.epoch == 1 && e.kind == Kind::Message));
+        assert_eq!(&evs[0].payload[..], msg(after + 1).payload.as_ref());
+    }
+    assert!(log.read_after(&sl, 500, 10).unwrap().is_empty());
+    log.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn retention_trims_oldest_by_count_and_bytes_never_the_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = cfg(dir.path(), Durability::Relaxed);
+    c.max_events_per_session = 100;
+    let (log, _) = open(&c).await;
+    let sl = log.create(SessionId::random(), Facade::Legacy, None).await.unwrap();
+    for i in 1..=250 {
+        log.append(&sl, msg(i)).await.unwrap();
+    }
+    let r = sl.ranges();
+    assert_eq!(r.head, 250);
+    assert!(r.head + 1 - r.oldest <= 100, "{r:?}");
+    assert!(r.oldest > 150);
+    // Reading from before the retained window returns the oldest retained first: a gap the
+    // caller must see.
+    let evs = log.read_after(&sl, 10, 5).unwrap();
+    assert_eq!(evs[0].seq, r.oldest);
+    let cur = Cursor { session: sl.id, epoch: 1, seq: 10 };
+    assert_eq!(check_resume(&cur, &r, false), Err(Refusal::CursorTrimmed));
+    // Byte bound: one large event pushes out older ones.
+    let big = NewEvent::new(StreamTag::LEGACY, Kind::Message, Bytes::from(vec![b'x'; 2 << 20]));
+    log.append(&sl, big).await.unwrap();
+    let r = sl.ranges();
+    assert_eq!(r.oldest, r.head, "only the (oversized) head is left: {r:?}");
+    assert_eq!(sl.bytes(), 2 << 20);
+    assert_eq!(log.total_bytes(), 2 << 20);
+    log.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn clean_restart_keeps_the_epoch_and_ends_live_sessions_answering_inflight() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), Durability::Relaxed);
+    let (log, _) = open(&c).await;
+    let id = SessionId::random();
+    let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+    log.append(&sl, msg(1)).await.unwrap();
+    log.inflight_add(&sl, "7", StreamTag::LEGACY).await.unwrap();
+    log.inflight_add(&sl, "\"done\"", StreamTag::LEGACY).await.unwrap();
+    let mut answer = NewEvent::new(StreamTag::LEGACY, Kind::Message, Bytes::from_static(br#"{"jsonrpc":"2.0","id":"done","result":{}}"#));
+    answer.completes = Some("\"done\"".into());
+    log.append(&sl, answer).await.unwrap();
+    log.close().await.unwrap();
+    drop((log, sl));
+
+    let (log, rec) = open(&c).await;
+    assert!(rec.clean);
+    assert_eq!((rec.sessions, rec.ended_live, rec.aborted, rec.sealed), (1, 1, 1, 0));
+    let sl = log.get(&id).unwrap();
+    assert_eq!(sl.ended(), Some(EndReason::UpstreamLost));
+    let r = sl.ranges();
+    assert_eq!(r.epochs.len(), 1, "clean stop: no seal");
+    let evs = log.read_after(&sl, 2, 10).unwrap();
+    assert_eq!(evs.len(), 2, "abort for request 7, then the end marker");
+    let abort: serde_json::Value = serde_json::from_slice(&evs[0].payload).unwrap();
+    assert_eq!(abort["id"], 7);
+    assert_eq!(abort["error"]["code"], jsonrpc::INFLIGHT_ABORTED);
+    assert_eq!(evs[1].kind, Kind::End);
+    assert_eq!(evs[1].seq, 4);
+    log.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn unclean_relaxed_stop_seals_the_epoch_fsync_does_not() {
+    for (durability, sealed) in [(Durability::Relaxed, true), (Durability::Fsync, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(dir.path(), durability);
+        let (log, _) = open(&c).await;
+        let id = SessionId::random();
+        let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+        for i in 1..=20 {
+            log.append(&sl, msg(i)).await.unwrap();
+        }
+        log.flush().await.unwrap();
+        log.crash().await;
+        drop(sl);
+
+        let (log, rec) = open(&c).await;
+        assert!(!rec.clean);
+        let sl = log.get(&id).unwrap();
+        let r = sl.ranges();
+        assert_eq!(r.head, 21, "the end marker follows the 20 events");
+        if sealed {
+            assert_eq!(rec.sealed, 1);
+            assert_eq!(r.epochs[0].last, Some(20));
+            assert_eq!((r.epochs[1].epoch, r.epochs[1].first), (2, 21));
+            let end = log.read_after(&sl, 20, 1).unwrap();
+            assert_eq!(end[0].epoch, 2, "events after the seal carry the new epoch");
+            let ahead = Cursor { session: id, epoch: 1, seq: 21 };
+            assert_eq!(check_resume(&ahead, &r, false), Err(Refusal::CursorAhead));
+            let ok = Cursor { session: id, epoch: 1, seq: 20 };
+            assert_eq!(check_resume(&ok, &r, false), Ok(20));
+        } else {
+            assert_eq!(rec.sealed, 0);
+            assert_eq!(r.epochs.len(), 1);
+        }
+        log.close().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn remove_deletes_a_session_and_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = open(&cfg(dir.path(), Durability::Fsync)).await;
+    let sl = log.create(SessionId::random(), Facade::Legacy, None).await.unwrap();
+    for i in 1..=10 {
+        log.append_nowait(&sl, msg(i)).await.unwrap();
+    }
+    log.flush().await.unwrap();
+    assert!(log.total_bytes() > 0);
+    log.remove(&sl.id).await.unwrap();
+    assert_eq!(log.total_bytes(), 0);
+    assert!(log.get(&sl.id).is_none());
+    log.close().await.unwrap();
+}
