@@ -490,3 +490,60 @@ async fn post_to_sse_path_is_405_and_bad_posts_are_explained() {
     );
     p.stop().await;
 }
+
+/// The process-wide bound: ended sessions' logs are evicted first, then new sessions get 503.
+/// (The embedded demo upstream is used for its `emit` and `misbehave close` tools — an upstream
+/// that drops a session on demand — which the real peers cannot do.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_size_bound_evicts_ended_sessions_then_refuses_new_ones() {
+    use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(&up.sse_url(), dir.path(), |c| {
+        c.log.max_bytes_per_session = 48 * 1024;
+        c.log.max_total_bytes = 48 * 1024;
+    })
+    .await;
+    let base = format!("http://{}", p.addr);
+    let emit = |id| {
+        call(
+            id,
+            "emit",
+            json!({"count": 60, "rate_per_sec": 0, "size": 400}),
+            None,
+        )
+    };
+    let (mut a, url_a, first_a) = legacy_session(&base).await;
+    post(&url_a, &emit(2)).await;
+    until_response(&mut a, 2).await;
+    let (mut b, url_b, _) = legacy_session(&base).await;
+    post(&url_b, &emit(2)).await;
+    until_response(&mut b, 2).await;
+    assert!(p.registry.log.total_bytes() >= 48 * 1024);
+    // Both sessions are live: no room.
+    let (s, _, body) = request("GET", &format!("{base}/sse"), &[], "").await;
+    assert_eq!(s, 503, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["error"]["data"]["reason"],
+        "capacity"
+    );
+    // Session A's upstream drops it: A ends, and its log is the first to go for a new session.
+    post(
+        &url_a,
+        &call(3, "misbehave", json!({"kind": "close"}), None),
+    )
+    .await;
+    let rest = until_response(&mut a, 3).await;
+    assert_eq!(rest.last().unwrap().1["error"]["code"], -32091);
+    let (mut c, _, _) = legacy_session(&base).await;
+    drop(c.next_within(Duration::from_millis(10)).await);
+    let (s, _, _) = request(
+        "GET",
+        &format!("{base}/sse"),
+        &[("last-event-id", &first_a)],
+        "",
+    )
+    .await;
+    assert_eq!(s, 404, "A's log was evicted for space");
+    p.stop().await;
+}
