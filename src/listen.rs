@@ -72,8 +72,12 @@ where
             let h = h.clone();
             async move { Ok::<_, Infallible>(h(req).await) }
         });
+        // A client must send its request head within 30 s (slow-loris bound); streams themselves
+        // have no timeout.
         let conn = http1::Builder::new()
             .keep_alive(true)
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(30))
             .serve_connection(TokioIo::new(tcp), svc);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

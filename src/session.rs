@@ -387,8 +387,7 @@ impl Registry {
         let (link, reader) = match upstream::connect(&self.upstream, &self.client).await {
             Ok(x) => x,
             Err(e) => {
-                self.metrics
-                    .upstream_error(if e.is_timeout() { "connect" } else { "connect" });
+                self.metrics.upstream_error("connect");
                 tracing::warn!(error = %e, "cannot open upstream session");
                 return Err(e);
             }
