@@ -547,3 +547,53 @@ async fn log_size_bound_evicts_ended_sessions_then_refuses_new_ones() {
     assert_eq!(s, 404, "A's log was evicted for space");
     p.stop().await;
 }
+
+/// Client disconnects never reach the upstream; only the idle TTL (no client attached) closes it.
+/// (The embedded demo upstream is used because it can count its open upstream sessions.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_keeps_upstream_open_until_idle_ttl() {
+    use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(&up.sse_url(), dir.path(), |c| c.sessions.idle_ttl_secs = 2).await;
+    let base = format!("http://{}", p.addr);
+    let admin = format!("http://{}/metrics", p.admin_addr);
+    let (sse, _url, first) = legacy_session(&base).await;
+    assert_eq!(up.open_sessions(), 1);
+    drop(sse);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        up.open_sessions(),
+        1,
+        "a client disconnect must not close the upstream session"
+    );
+    // Reattaching within the TTL keeps it alive.
+    let (mut again, err) = Sse::get(&format!("{base}/sse"), &[("last-event-id", &first)]).await;
+    assert!(err.is_none());
+    again.endpoint().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(
+        up.open_sessions(),
+        1,
+        "a client is attached: no idle timeout"
+    );
+    drop(again);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while up.open_sessions() != 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "idle session never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        metric(
+            &admin,
+            "mcp_resume_sessions_ended_total{reason=\"idle_timeout\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(metric(&admin, "mcp_resume_sessions_active").await, 0.0);
+    p.stop().await;
+}
