@@ -597,3 +597,100 @@ async fn client_disconnect_keeps_upstream_open_until_idle_ttl() {
     assert_eq!(metric(&admin, "mcp_resume_sessions_active").await, 0.0);
     p.stop().await;
 }
+
+/// A real `EventSource` (the `eventsource` package the TypeScript SDK uses) whose connection is cut
+/// mid-call reconnects to the same URL with `Last-Event-ID` on its own, keeps its session (no new
+/// one) and receives every remaining event exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eventsource_reconnects_into_the_same_session_without_loss() {
+    use std::io::BufRead;
+    let up = fastmcp().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(&up.sse_url(), dir.path(), |_| {}).await;
+    let relay = Relay::start(p.addr).await;
+    let mut child = Command::new("node")
+        .arg(repo().join("tests/peers/eventsource_client.mjs"))
+        .arg(format!("http://127.0.0.1:{}/sse", relay.port))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("node");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut endpoints = Vec::new();
+    let mut messages: Vec<(String, Value)> = Vec::new();
+    let mut opens = 0;
+    let base = format!("http://{}", p.addr);
+    loop {
+        let ev = tokio::time::timeout(WAIT, rx.recv()).await.expect("event in time").expect("client alive");
+        if ev["open"] == true {
+            opens += 1;
+        } else if ev["event"] == "endpoint" {
+            endpoints.push(ev["data"].as_str().unwrap().to_string());
+            if endpoints.len() == 1 {
+                let url = format!("{base}{}", endpoints[0]);
+                assert_eq!(post(&url, &initialize(1)).await.0, 202);
+                assert_eq!(post(&url, &initialized()).await.0, 202);
+                assert_eq!(
+                    post(
+                        &url,
+                        &call(2, "tick", json!({"n": 6, "interval_ms": 400}), Some("es"))
+                    )
+                    .await
+                    .0,
+                    202
+                );
+            }
+        } else if ev["event"] == "message" {
+            let msg: Value = serde_json::from_str(ev["data"].as_str().unwrap()).unwrap();
+            let done = msg["id"] == 2;
+            messages.push((ev["id"].as_str().unwrap().to_string(), msg));
+            if messages.iter().filter(|(_, m)| is_progress(m)).count() == 2 && opens == 1 {
+                relay.cut_all(); // the network drops the connection mid-call
+            }
+            if done {
+                break;
+            }
+        }
+    }
+    let _ = child.kill();
+    assert!(opens >= 2, "the EventSource reconnected by itself");
+    assert!(
+        endpoints.iter().all(|e| e == &endpoints[0]),
+        "one session throughout: {endpoints:?}"
+    );
+    let seqs: Vec<u64> = messages.iter().map(|(id, _)| seq_of(id)).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "every event exactly once, in order"
+    );
+    let progress: Vec<i64> = messages
+        .iter()
+        .filter(|(_, m)| is_progress(m))
+        .map(|(_, m)| m["params"]["progress"].as_f64().unwrap() as i64)
+        .collect();
+    assert_eq!(progress, vec![1, 2, 3, 4, 5, 6]);
+    assert_eq!(
+        messages.last().unwrap().1["result"]["content"][0]["text"],
+        "done 6"
+    );
+    assert_eq!(
+        metric(
+            &format!("http://{}/metrics", p.admin_addr),
+            "mcp_resume_sessions_started_total{facade=\"legacy\"}"
+        )
+        .await,
+        1.0
+    );
+    p.stop().await;
+}

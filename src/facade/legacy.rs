@@ -19,7 +19,6 @@ use crate::jsonrpc;
 use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
 use crate::log::{Kind, StreamTag};
 use crate::metrics::Facade;
-use crate::sse::encode;
 use crate::stream::{self, Filter, StreamSpec};
 
 /// Serves one request to the SSE path.
@@ -36,9 +35,13 @@ pub async fn sse(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     }
 }
 
+/// `retry` (ms) carried by the endpoint event: an `EventSource` reconnects this soon (with its
+/// `Last-Event-ID`) instead of after its default of a few seconds.
+const RECONNECT_MS: u64 = 1000;
+
 fn endpoint_frame(ctx: &Ctx, id: &SessionId) -> Bytes {
     let url = format!("{}?session_id={id}", ctx.cfg.legacy.message_path);
-    encode::event(None, Some("endpoint"), url.as_bytes())
+    Bytes::from(format!("event: endpoint\ndata: {url}\nretry: {RECONNECT_MS}\n\n"))
 }
 
 async fn open(ctx: &Arc<Ctx>) -> Resp {

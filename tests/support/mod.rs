@@ -153,16 +153,34 @@ pub struct ProxyProc {
 }
 
 impl ProxyProc {
+    /// Writes a TOML config next to `dir` and starts the binary. Each `extra` pair is a section
+    /// header and a line; a pair naming a section the harness already writes (`[listen]`,
+    /// `[admin]`, `[upstream]`, `[log]`) adds its line to that section (TOML forbids repeating a
+    /// table), any other pair is appended as before.
     pub async fn start(upstream: &str, dir: &Path, extra: &[(&str, &str)]) -> ProxyProc {
         let (port, admin) = (port(), port());
         let cfg_path = dir.with_extension("toml");
-        let mut text = format!(
-            "[listen]\naddr = \"127.0.0.1:{port}\"\n[admin]\naddr = \"127.0.0.1:{admin}\"\n[upstream]\nsse_url = \"{upstream}\"\npost_timeout_secs = 5\n[log]\ndir = \"{}\"\n",
-            dir.display()
-        );
+        let mut sections = [
+            ("[listen]", format!("addr = \"127.0.0.1:{port}\"\n")),
+            ("[admin]", format!("addr = \"127.0.0.1:{admin}\"\n")),
+            (
+                "[upstream]",
+                format!("sse_url = \"{upstream}\"\npost_timeout_secs = 5\n"),
+            ),
+            ("[log]", format!("dir = \"{}\"\n", dir.display())),
+        ];
+        let mut rest = String::new();
         for (k, v) in extra {
-            text.push_str(&format!("{k}\n{v}\n"));
+            match sections.iter_mut().find(|(name, _)| name == k) {
+                Some((_, body)) => body.push_str(&format!("{v}\n")),
+                None => rest.push_str(&format!("{k}\n{v}\n")),
+            }
         }
+        let mut text: String = sections
+            .iter()
+            .map(|(name, body)| format!("{name}\n{body}"))
+            .collect();
+        text.push_str(&rest);
         std::fs::write(&cfg_path, text).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
             .args(["run", "--config"])
@@ -400,4 +418,52 @@ pub async fn legacy_session(base: &str) -> (Sse, String, String) {
     assert!(msg["result"]["protocolVersion"].is_string(), "{msg}");
     assert_eq!(post(&url, &initialized()).await.0, 202);
     (sse, url, id)
+}
+
+/// A TCP relay on a loopback port whose connections the test can cut: a network fault between a
+/// real client and the proxy, which neither side produces on demand.
+pub struct Relay {
+    pub port: u16,
+    cut: tokio::sync::watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    pub async fn start(target: std::net::SocketAddr) -> Relay {
+        let port = port();
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (cut, _) = tokio::sync::watch::channel(0u64);
+        let cut2 = cut.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut client, _)) = listener.accept().await else {
+                    return;
+                };
+                let mut rx = cut2.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
+                        _ = rx.changed() => {}
+                    }
+                });
+            }
+        });
+        Relay { port, cut, task }
+    }
+
+    /// Severs every connection currently open through the relay.
+    pub fn cut_all(&self) {
+        self.cut.send_modify(|n| *n += 1);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
