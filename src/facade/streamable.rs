@@ -1,13 +1,748 @@
-//! The Streamable HTTP face (`/mcp`).
+//! The Streamable HTTP face (`[streamable] path`, default `/mcp`): spec 2025-11-25, also serving
+//! 2025-06-18 and 2025-03-26 clients, in front of the same legacy upstream.
+//!
+//! - `POST` carries one client message (or, for 2025-03-26, a batch). `initialize` without a
+//!   session opens a proxy session and its upstream link and answers with `Mcp-Session-Id`.
+//!   A POST carrying requests answers `text/event-stream`: a logged priming event for clients at
+//!   2025-11-25 or later, then the messages of those requests as the session's router assigns them
+//!   (progress by `progressToken`, the responses by id), then the stream ends. Notifications and
+//!   responses alone get 202.
+//! - `GET` without `Last-Event-ID` opens the standalone stream: every other upstream message. Only
+//!   one connection at a time (409); it continues where the previous connection stopped.
+//! - `GET` with `Last-Event-ID` resumes the cursor's own stream, POST or standalone, per design.md
+//!   §4: replay of that stream after the cursor, then live; a POST stream ends after its responses.
+//!   A resume takes the stream over from a connection still attached to it.
+//! - `DELETE` ends the session.
+//!
+//! Every stream is a cursor over the session log, so nothing reaches a client before it is
+//! logged, and each message belongs to exactly one stream.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
-use http::Request;
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Method, Request};
 use hyper::body::Incoming;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 
-use super::{plain, Ctx, Resp};
+use super::{error_response, json_error, plain, read_body, refusal, sse_response, Ctx, Resp};
+use crate::error::Error;
+use crate::jsonrpc::{self, Peek};
+use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
+use crate::log::{Kind, NewEvent, SessionLog, StreamTag};
+use crate::metrics::{EndReason, Facade};
+use crate::session::Session;
+use crate::stream::{self, Filter, StreamSpec};
+
+/// Protocol versions accepted in `MCP-Protocol-Version` (the TypeScript SDK's supported list).
+pub const SUPPORTED_VERSIONS: [&str; 5] = [
+    "2025-11-25",
+    "2025-06-18",
+    "2025-03-26",
+    "2024-11-05",
+    "2024-10-07",
+];
+/// The version assumed when a request names none and the session knows none (spec 2025-06-18).
+pub const DEFAULT_VERSION: &str = "2025-03-26";
+/// The first version whose POST streams start with a priming event (SEP-1699).
+pub const PRIMING_SINCE: &str = "2025-11-25";
+/// The last version that allows JSON-RPC batches.
+pub const LAST_BATCH_VERSION: &str = "2025-03-26";
+
+const SESSION_HEADER: &str = "mcp-session-id";
+const VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// Serves one request to the MCP endpoint.
-pub async fn handle(_ctx: &Arc<Ctx>, _req: Request<Incoming>) -> Resp {
-    plain(404, "text/plain", "Not Found")
+pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        if !origin_allowed(ctx, origin) {
+            tracing::warn!(origin = ?origin, "streamable request from a foreign Origin refused");
+            return json_error(
+                403,
+                None,
+                -32000,
+                "Forbidden: Origin not allowed",
+                json!({"reason": "origin_not_allowed", "origin": String::from_utf8_lossy(origin.as_bytes())}),
+            );
+        }
+    }
+    let method = req.method().clone();
+    match method {
+        Method::POST => post(ctx, req).await,
+        Method::GET => get(ctx, req).await,
+        Method::DELETE => delete(ctx, req.headers()).await,
+        _ => {
+            let mut r = plain(405, "text/plain", "Method Not Allowed");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+            r
+        }
+    }
+}
+
+/// Allowed: exactly one of `streamable.allowed_origins` (ASCII case-insensitive). No implicit
+/// same-host rule: the proxy serves no pages, and matching against `Host` would let a
+/// DNS-rebinding page (whose `Origin` and `Host` agree) through.
+fn origin_allowed(ctx: &Ctx, origin: &HeaderValue) -> bool {
+    let Ok(o) = origin.to_str() else {
+        return false;
+    };
+    ctx.cfg
+        .streamable
+        .allowed_origins
+        .iter()
+        .any(|a| a.eq_ignore_ascii_case(o.trim()))
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"))
+}
+
+/// Does `Accept` admit `want` (`type/subtype`)? Media ranges with wildcards count; `q=0` excludes.
+fn accepts(h: &HeaderMap, want: &str) -> bool {
+    let main = want.split('/').next().unwrap_or(want);
+    h.get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|range| {
+            let mut parts = range.split(';');
+            let mr = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let refused = parts.any(|p| {
+                let p = p.trim().to_ascii_lowercase();
+                p.strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    .is_some_and(|q| q == 0.0)
+            });
+            !refused && (mr == want || mr == "*/*" || mr == format!("{main}/*"))
+        })
+}
+
+fn is_json_content(h: &HeaderMap) -> bool {
+    header(h, header::CONTENT_TYPE.as_str())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// An early answer (an error status) instead of a value; boxed, it is large.
+type Early = Box<Resp>;
+
+/// Validates `MCP-Protocol-Version`: `Ok(None)` when absent.
+fn version_header(h: &HeaderMap) -> Result<Option<String>, Early> {
+    match header(h, VERSION_HEADER) {
+        None => Ok(None),
+        Some(v) if SUPPORTED_VERSIONS.contains(&v.trim()) => Ok(Some(v.trim().to_string())),
+        Some(v) => Err(Box::new(json_error(
+            400,
+            None,
+            -32600,
+            &format!(
+                "Bad Request: unsupported MCP-Protocol-Version {v:?} (supported: {})",
+                SUPPORTED_VERSIONS.join(", ")
+            ),
+            json!({"reason": "unsupported_protocol_version", "supported": SUPPORTED_VERSIONS}),
+        ))),
+    }
+}
+
+/// A date-shaped version at or after `since`.
+fn at_least(version: &str, since: &str) -> bool {
+    let b = version.as_bytes();
+    let date_shaped = b.len() == 10
+        && b.iter().enumerate().all(|(i, c)| {
+            if i == 4 || i == 7 {
+                *c == b'-'
+            } else {
+                c.is_ascii_digit()
+            }
+        });
+    date_shaped && version >= since
+}
+
+/// The version a request speaks: its header, else the one the session was initialized with,
+/// else 2025-03-26 (spec 2025-06-18, "Protocol Version Header").
+fn effective_version(header: Option<&str>, session: &Session) -> String {
+    header
+        .or(session.protocol_version.as_deref())
+        .unwrap_or(DEFAULT_VERSION)
+        .to_string()
+}
+
+fn missing_session() -> Resp {
+    json_error(
+        400,
+        None,
+        -32600,
+        "Bad Request: Mcp-Session-Id header is required",
+        json!({"reason": "missing_session_id"}),
+    )
+}
+
+fn bad_request(id: Option<&str>, code: i64, message: &str, reason: &str) -> Resp {
+    json_error(400, id, code, message, json!({"reason": reason}))
+}
+
+/// The live Streamable HTTP session named by the header, or the 400/404 answer.
+fn live_session(ctx: &Ctx, h: &HeaderMap) -> Result<Arc<Session>, Early> {
+    let Some(raw) = header(h, SESSION_HEADER) else {
+        return Err(Box::new(missing_session()));
+    };
+    SessionId::parse(raw.trim())
+        .and_then(|id| ctx.reg.live(&id))
+        .filter(|s| s.facade == Facade::Streamable)
+        .ok_or_else(|| Box::new(error_response(&Error::UnknownSession, None)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// POST
+
+/// One client message: its bytes (forwarded verbatim) and its routing fields.
+struct Msg {
+    bytes: Bytes,
+    peek: Peek,
+}
+
+/// Parses a POST body: one message, or a batch. `Err` is the 400 answer.
+fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
+    let parse_error = || {
+        Box::new(bad_request(
+            None,
+            -32700,
+            "Parse error: body is not a JSON-RPC message",
+            "parse_error",
+        ))
+    };
+    let first = body.iter().find(|b| !b.is_ascii_whitespace());
+    let (raws, batch): (Vec<Bytes>, bool) = if first == Some(&b'[') {
+        let items: Vec<Box<RawValue>> = serde_json::from_slice(body).map_err(|_| parse_error())?;
+        if items.is_empty() {
+            return Err(Box::new(bad_request(
+                None,
+                -32600,
+                "Invalid Request: empty batch",
+                "invalid_request",
+            )));
+        }
+        let raws = items
+            .iter()
+            .map(|r| Bytes::copy_from_slice(r.get().as_bytes()))
+            .collect();
+        (raws, true)
+    } else {
+        serde_json::from_slice::<&RawValue>(body).map_err(|_| parse_error())?;
+        (vec![body.clone()], false)
+    };
+    let mut msgs = Vec::with_capacity(raws.len());
+    for bytes in raws {
+        let valid = jsonrpc::peek(&bytes).filter(|p| p.method.is_some() || p.is_response);
+        let Some(peek) = valid else {
+            return Err(Box::new(bad_request(
+                None,
+                -32600,
+                "Invalid Request: not a JSON-RPC request, notification or response",
+                "invalid_request",
+            )));
+        };
+        msgs.push(Msg { bytes, peek });
+    }
+    Ok((msgs, batch))
+}
+
+async fn post(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    let h = req.headers();
+    if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
+        return json_error(
+            406,
+            None,
+            -32600,
+            "Not Acceptable: Accept must list both application/json and text/event-stream",
+            json!({"reason": "not_acceptable"}),
+        );
+    }
+    if !is_json_content(h) {
+        return json_error(
+            415,
+            None,
+            -32600,
+            "Unsupported Media Type: Content-Type must be application/json",
+            json!({"reason": "unsupported_media_type"}),
+        );
+    }
+    let version = match version_header(h) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let has_session = h.contains_key(SESSION_HEADER);
+    let session = if has_session {
+        Some(live_session(ctx, h))
+    } else {
+        None
+    };
+    let body = match read_body(req.into_body()).await {
+        Ok(b) => b,
+        Err(e) => return plain(413, "text/plain", e.to_string()),
+    };
+    let (msgs, batch) = match parse_body(&body) {
+        Ok(x) => x,
+        Err(r) => return *r,
+    };
+    let init = msgs
+        .iter()
+        .any(|m| m.peek.method.as_deref() == Some("initialize") && m.peek.is_request());
+    if init {
+        if batch {
+            return bad_request(
+                None,
+                -32600,
+                "Invalid Request: initialize must not be part of a batch",
+                "invalid_request",
+            );
+        }
+        if has_session {
+            return bad_request(
+                msgs[0].peek.id.as_deref(),
+                -32600,
+                "Invalid Request: initialize opens a new session and must not carry Mcp-Session-Id",
+                "already_initialized",
+            );
+        }
+        let msg = msgs.into_iter().next().expect("one message");
+        return initialize(ctx, msg, version).await;
+    }
+    let session = match session {
+        None => return missing_session(),
+        Some(Err(r)) => return *r,
+        Some(Ok(s)) => s,
+    };
+    let version = effective_version(version.as_deref(), &session);
+    if batch && !at_least(LAST_BATCH_VERSION, &version) {
+        return bad_request(
+            None,
+            -32600,
+            &format!(
+                "Invalid Request: JSON-RPC batches are not part of protocol version {version}"
+            ),
+            "batch_not_supported",
+        );
+    }
+    if !msgs.iter().any(|m| m.peek.is_request()) {
+        for m in msgs {
+            if let Err(e) = session
+                .forward(&ctx.reg, m.bytes, &m.peek, StreamTag::STANDALONE)
+                .await
+            {
+                return error_response(&e, m.peek.id.as_deref());
+            }
+        }
+        return plain(202, "text/plain", Bytes::new());
+    }
+    answer(ctx, &session, msgs, &version, false).await
+}
+
+/// `initialize` without a session: open one (and its upstream link), answer on a POST stream
+/// that carries `Mcp-Session-Id`.
+async fn initialize(ctx: &Arc<Ctx>, msg: Msg, header_version: Option<String>) -> Resp {
+    let requested = serde_json::from_slice::<Value>(&msg.bytes)
+        .ok()
+        .and_then(|v| v["params"]["protocolVersion"].as_str().map(str::to_string));
+    let Some(requested) = requested else {
+        return bad_request(
+            msg.peek.id.as_deref(),
+            -32602,
+            "Invalid params: initialize without params.protocolVersion",
+            "invalid_params",
+        );
+    };
+    let session = match ctx
+        .reg
+        .open(Facade::Streamable, Some(requested.clone()))
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => return error_response(&e, msg.peek.id.as_deref()),
+    };
+    tracing::info!(session = %session.id, protocol_version = %requested, "streamable session initialized");
+    let version = header_version.unwrap_or(requested);
+    let resp = answer(ctx, &session, vec![msg], &version, true).await;
+    if !resp.status().is_success() {
+        // The session never got going; do not leave it (and its upstream link) behind.
+        ctx.reg.end(&session, EndReason::UpstreamLost).await;
+    }
+    resp
+}
+
+/// Forwards `msgs` (at least one request) and answers with the POST stream of their requests.
+async fn answer(
+    ctx: &Arc<Ctx>,
+    session: &Arc<Session>,
+    msgs: Vec<Msg>,
+    version: &str,
+    with_session_header: bool,
+) -> Resp {
+    let reg = &ctx.reg;
+    let tag = session.new_post_stream();
+    let requests = msgs.iter().filter(|m| m.peek.is_request()).count();
+    let after = session.log.head();
+    if at_least(version, PRIMING_SINCE) {
+        // Logged first, so the id the client may resume from exists before anything can happen.
+        let priming = NewEvent::new(tag, Kind::Priming, Bytes::new());
+        if let Err(e) = reg.log.append(&session.log, priming).await {
+            return error_response(&e, None);
+        }
+    }
+    let single = msgs.len() == 1;
+    for (i, m) in msgs.into_iter().enumerate() {
+        let Err(e) = session.forward(reg, m.bytes, &m.peek, tag).await else {
+            continue;
+        };
+        if single || i == 0 {
+            // Nothing reached the upstream: say so with a status.
+            return error_response(&e, m.peek.id.as_deref());
+        }
+        if matches!(e, Error::UpstreamLost) {
+            // The session ended: what was forwarded got its -32091 answer on this stream.
+            break;
+        }
+        if let (Some(id), false) = (
+            m.peek.id.as_deref().filter(|_| m.peek.is_request()),
+            e.is_timeout(),
+        ) {
+            // The upstream refused this batch member: answer it on the stream, so the batch's
+            // stream still carries one response per request.
+            let status = e.status();
+            let body = jsonrpc::error_response(
+                id,
+                -32603,
+                &format!("forwarding to the upstream failed: {e}"),
+                json!({"reason": "upstream_error", "status": status}),
+            );
+            let mut ev = NewEvent::new(tag, Kind::Final, Bytes::from(body));
+            ev.completes = Some(id.to_string());
+            if let Err(e) = reg.log.append(&session.log, ev).await {
+                tracing::error!(session = %session.id, error = %e, "cannot log a batch member's error");
+            }
+        }
+    }
+    let spec = StreamSpec {
+        log: session.log.clone(),
+        after,
+        filter: Filter::Post {
+            stream: tag,
+            responses: requests,
+        },
+        preamble: Vec::new(),
+        replay_until: 0,
+        facade: Facade::Streamable,
+        attachment: session.attach(tag, false),
+        end_on_final: false,
+    };
+    let id = with_session_header.then_some(&session.id);
+    sse_response(stream::spawn(spec, ctx.env.clone()), id)
+}
+
+// ---------------------------------------------------------------------------------------------
+// GET
+
+async fn get(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    let h = req.headers();
+    if !accepts(h, "text/event-stream") {
+        return json_error(
+            406,
+            None,
+            -32600,
+            "Not Acceptable: Accept must list text/event-stream",
+            json!({"reason": "not_acceptable"}),
+        );
+    }
+    let version = match version_header(h) {
+        Ok(v) => v,
+        Err(r) => return *r,
+    };
+    let Some(sid) = header(h, SESSION_HEADER) else {
+        return missing_session();
+    };
+    match header(h, "last-event-id") {
+        Some(lei) => resume(ctx, sid.trim(), lei, version.as_deref()).await,
+        None => standalone(ctx, h),
+    }
+}
+
+/// A plain `GET`: the standalone stream, continuing after what earlier connections delivered.
+fn standalone(ctx: &Arc<Ctx>, h: &HeaderMap) -> Resp {
+    let session = match live_session(ctx, h) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let Some(attachment) = session.attach(StreamTag::STANDALONE, true) else {
+        return json_error(
+            409,
+            None,
+            -32000,
+            "Conflict: Only one SSE stream is allowed per session (resume with Last-Event-ID to take it over)",
+            json!({"reason": "stream_active"}),
+        );
+    };
+    let spec = StreamSpec {
+        log: session.log.clone(),
+        after: session.position(StreamTag::STANDALONE),
+        filter: Filter::Stream(StreamTag::STANDALONE),
+        preamble: Vec::new(),
+        replay_until: 0,
+        facade: Facade::Streamable,
+        attachment: Some(attachment),
+        end_on_final: false,
+    };
+    sse_response(stream::spawn(spec, ctx.env.clone()), None)
+}
+
+/// What a resumed stream still owes its client.
+struct Owed {
+    /// Messages (not priming events) of the stream after the cursor, up to the head when counted.
+    messages: usize,
+    /// Final events the stream will still deliver (POST streams).
+    responses: usize,
+    /// Of those, the ones not logged yet: requests still in flight.
+    pending: usize,
+}
+
+/// Counts what stream `tag` owes after `after`. For a POST stream, the responses still to come are
+/// the requests durably in flight on it plus those answered after the cursor — read in that order,
+/// with a flush between, so that no answer is missed or counted twice.
+async fn owed(
+    ctx: &Ctx,
+    sl: &Arc<SessionLog>,
+    after: u64,
+    tag: StreamTag,
+) -> crate::error::Result<Owed> {
+    let log = &ctx.reg.log;
+    let mut answers: HashSet<String> = HashSet::new();
+    if tag.is_post() {
+        answers.extend(log.inflight_on(&sl.id, tag)?);
+        log.flush().await?;
+    }
+    let pending = answers.len();
+    let head = sl.head();
+    let mut cur = after;
+    let mut messages = 0;
+    while cur < head {
+        let batch = log.read_after(sl, cur, 256)?;
+        let Some(last) = batch.last() else { break };
+        cur = last.seq;
+        for ev in batch.iter().filter(|e| e.seq <= head && e.stream == tag) {
+            match ev.kind {
+                Kind::End | Kind::Priming => {}
+                Kind::Message => messages += 1,
+                Kind::Final => {
+                    messages += 1;
+                    let id = jsonrpc::peek(&ev.payload)
+                        .and_then(|p| p.id)
+                        .unwrap_or_else(|| format!("seq {}", ev.seq));
+                    answers.insert(id);
+                }
+            }
+        }
+    }
+    Ok(Owed {
+        messages,
+        responses: answers.len(),
+        pending,
+    })
+}
+
+/// `GET` + `Last-Event-ID`: the §4 contract, for POST and standalone streams alike.
+async fn resume(
+    ctx: &Arc<Ctx>,
+    sid: &str,
+    last_event_id: &str,
+    header_version: Option<&str>,
+) -> Resp {
+    let m = &ctx.reg.metrics;
+    let log = &ctx.reg.log;
+    let Some(cursor) = Cursor::parse(last_event_id) else {
+        return refusal(m, Refusal::MalformedCursor, last_event_id, None, None);
+    };
+    if cursor.session.to_string() != sid {
+        return refusal(
+            m,
+            Refusal::ForeignSession,
+            last_event_id,
+            Some(cursor.session),
+            None,
+        );
+    }
+    let sl = log
+        .get(&cursor.session)
+        .filter(|sl| sl.meta().facade == Facade::Streamable);
+    let Some(sl) = sl else {
+        return refusal(
+            m,
+            Refusal::UnknownSession,
+            last_event_id,
+            Some(cursor.session),
+            None,
+        );
+    };
+    let refuse = |r: Refusal| refusal(m, r, last_event_id, Some(cursor.session), Some((log, &sl)));
+    let ranges = sl.ranges();
+    let after = match check_resume(&cursor, &ranges, true) {
+        Ok(a) => a,
+        Err(r) => return refuse(r),
+    };
+    let ev = match log.event_at(&sl, cursor.seq) {
+        Ok(Some(ev)) => ev,
+        // Trimmed between the check and the read.
+        Ok(None) => return refuse(Refusal::CursorTrimmed),
+        Err(e) => return error_response(&e, None),
+    };
+    let tag = ev.stream;
+    if ev.kind == Kind::End || !(tag == StreamTag::STANDALONE || tag.is_post()) {
+        // Never handed to a client as an id: not a cursor this face issued.
+        return refuse(Refusal::UnknownEpoch);
+    }
+    let owed = match owed(ctx, &sl, after, tag).await {
+        Ok(o) => o,
+        Err(e) => return error_response(&e, None),
+    };
+    let live = ctx.reg.live(&cursor.session);
+    if live.is_none() && owed.messages == 0 {
+        // The session is over and this stream has nothing more: say so rather than serve an
+        // empty stream the client would reconnect to forever.
+        return error_response(&Error::UnknownSession, None);
+    }
+    let attachment = live.as_ref().and_then(|s| s.attach(tag, false));
+    if let Some(s) = &live {
+        let version = effective_version(header_version, s);
+        if owed.pending > 0 && at_least(&version, PRIMING_SINCE) {
+            // A fresh id at the head, before the response still to come: a resumed stream that
+            // drops again before anything new arrives still leaves the client a cursor.
+            let priming = NewEvent::new(tag, Kind::Priming, Bytes::new());
+            if let Err(e) = log.append(&sl, priming).await {
+                return error_response(&e, None);
+            }
+        }
+    }
+    m.resume(Facade::Streamable);
+    tracing::info!(
+        session = %sl.id,
+        last_event_id,
+        stream = tag.0,
+        head = ranges.head,
+        responses = owed.responses,
+        "streamable resume served"
+    );
+    let filter = if tag.is_post() {
+        Filter::Post {
+            stream: tag,
+            responses: owed.responses,
+        }
+    } else {
+        Filter::Stream(tag)
+    };
+    let spec = StreamSpec {
+        log: sl.clone(),
+        after,
+        filter,
+        preamble: Vec::new(),
+        replay_until: ranges.head,
+        facade: Facade::Streamable,
+        attachment,
+        end_on_final: false,
+    };
+    sse_response(stream::spawn(spec, ctx.env.clone()), None)
+}
+
+// ---------------------------------------------------------------------------------------------
+// DELETE
+
+async fn delete(ctx: &Arc<Ctx>, h: &HeaderMap) -> Resp {
+    if let Err(r) = version_header(h) {
+        return *r;
+    }
+    let session = match live_session(ctx, h) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    tracing::info!(session = %session.id, "streamable session deleted by its client");
+    ctx.reg.end(&session, EndReason::ClientDelete).await;
+    plain(200, "text/plain", Bytes::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn accept_ranges() {
+        let h = headers(&[("accept", "application/json, text/event-stream")]);
+        assert!(accepts(&h, "application/json") && accepts(&h, "text/event-stream"));
+        let h = headers(&[("accept", "application/json")]);
+        assert!(!accepts(&h, "text/event-stream"));
+        let h = headers(&[("accept", "*/*")]);
+        assert!(accepts(&h, "text/event-stream"));
+        let h = headers(&[("accept", "text/*;q=0.5, application/json;q=0")]);
+        assert!(accepts(&h, "text/event-stream") && !accepts(&h, "application/json"));
+        assert!(!accepts(&HeaderMap::new(), "text/event-stream"));
+        let h = headers(&[("accept", "Text/Event-Stream")]);
+        assert!(accepts(&h, "text/event-stream"));
+    }
+
+    #[test]
+    fn content_type() {
+        assert!(is_json_content(&headers(&[(
+            "content-type",
+            "application/json; charset=utf-8"
+        )])));
+        assert!(!is_json_content(&headers(&[(
+            "content-type",
+            "text/plain"
+        )])));
+        assert!(!is_json_content(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn versions() {
+        assert!(at_least("2025-11-25", PRIMING_SINCE));
+        assert!(at_least("2026-07-28", PRIMING_SINCE));
+        assert!(!at_least("2025-06-18", PRIMING_SINCE));
+        assert!(!at_least("zzzz", PRIMING_SINCE));
+        assert!(at_least(LAST_BATCH_VERSION, "2025-03-26"));
+        assert!(at_least(LAST_BATCH_VERSION, "2024-11-05"));
+        assert!(!at_least(LAST_BATCH_VERSION, "2025-06-18"));
+        assert!(version_header(&headers(&[("mcp-protocol-version", "2025-06-18")])).is_ok());
+        assert!(version_header(&headers(&[("mcp-protocol-version", "1999-01-01")])).is_err());
+    }
+
+    #[test]
+    fn bodies() {
+        let (m, batch) = parse_body(&Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+        ))
+        .unwrap();
+        assert!(!batch && m.len() == 1 && m[0].peek.is_request());
+        let (m, batch) = parse_body(&Bytes::from_static(
+            br#" [{"jsonrpc":"2.0","id":1,"method":"ping"},{"jsonrpc":"2.0","method":"notifications/x"}]"#,
+        ))
+        .unwrap();
+        assert!(batch && m.len() == 2 && !m[1].peek.is_request());
+        assert_eq!(
+            &m[1].bytes[..],
+            br#"{"jsonrpc":"2.0","method":"notifications/x"}"#
+        );
+        assert!(parse_body(&Bytes::from_static(b"[]")).is_err());
+        assert!(parse_body(&Bytes::from_static(b"{nope")).is_err());
+        assert!(parse_body(&Bytes::from_static(br#"{"jsonrpc":"2.0"}"#)).is_err());
+        assert!(parse_body(&Bytes::from_static(b"[1]")).is_err());
+    }
 }
