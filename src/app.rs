@@ -149,18 +149,20 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
 }
 
 impl Running {
-    /// Drains and stops: not ready; stop accepting; end client streams; end sessions (in-flight
-    /// requests answered, upstreams closed); wait for connections (bounded by the grace period);
-    /// flush the log and mark it clean.
+    /// Drains and stops: not ready; stop accepting; end sessions (in-flight requests answered,
+    /// upstreams closed); end client streams once they have delivered those answers; wait for
+    /// connections (bounded by the grace period); flush the log and mark it clean.
     pub async fn stop(self) {
         self.ready.store(false, Ordering::Release);
         let _ = self.stop.send(true);
-        self.drain.start();
         let deadline = tokio::time::Instant::now() + self.grace;
+        // Sessions first: their -32091 answers and end markers are then logged before any stream
+        // is told to drain, so a connected client gets its answer rather than a cut stream (I6).
         let sessions = self.registry.end_all(EndReason::Shutdown);
         if tokio::time::timeout_at(deadline, sessions).await.is_err() {
             tracing::warn!("grace period over while ending sessions");
         }
+        self.drain.start();
         for task in [self.client, self.admin] {
             if let Ok(graceful) = task.await {
                 if tokio::time::timeout_at(deadline, graceful.shutdown())

@@ -75,7 +75,8 @@ pub struct StreamEnv {
     pub metrics: Metrics,
     /// Keepalive period.
     pub keepalive: Duration,
-    /// Becomes `true` when the proxy drains: every stream ends.
+    /// Becomes `true` when the proxy drains: every stream delivers what is already logged (when
+    /// its client keeps up) and ends.
     pub drain: watch::Receiver<bool>,
 }
 
@@ -180,6 +181,11 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
             if finals_left == Some(0) {
                 return End::StreamComplete;
             }
+            if *env.drain.borrow() {
+                // Draining and caught up: everything logged before the drain (the in-flight aborts
+                // and end markers of the sessions shutdown ended) has been delivered.
+                return End::Drain;
+            }
             tokio::select! {
                 // The head moved: read again.
                 r = head_rx.changed() => if r.is_err() { return End::Store },
@@ -189,7 +195,8 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
                     }
                 }
                 _ = wait_true(&mut kicked) => return End::Kicked,
-                _ = env.drain.changed() => return End::Drain,
+                // Draining: read once more, deliver what is logged, then end (above).
+                r = env.drain.changed() => if r.is_err() { return End::Drain },
                 _ = tx.closed() => return End::ClientGone,
             }
             continue;
@@ -210,10 +217,13 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
             }
             let frame = frame_of(&spec.log, &ev);
             // Sending waits while the client is slow; a takeover or a drain must still end it.
+            // A send that can complete goes first, so a drain cuts only a client that is not
+            // keeping up, never one that is.
             tokio::select! {
+                biased;
                 r = tx.send(frame) => if r.is_err() { return End::ClientGone },
                 _ = wait_true(&mut kicked) => return End::Kicked,
-                _ = env.drain.changed() => return End::Drain,
+                _ = drain_started(&mut env.drain) => return End::Drain,
             }
             if ev.kind != Kind::Priming {
                 env.metrics.delivered.inc();
@@ -243,6 +253,11 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
             a.advance(spec.after);
         }
     }
+}
+
+/// Completes once the proxy drains (or the drain signal is gone).
+async fn drain_started(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
 }
 
 /// Completes when the watch turns `true`; never when there is none.
