@@ -120,8 +120,14 @@ fn main() -> ExitCode {
             use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
             let served = rt.block_on(async {
                 let listener = tokio::net::TcpListener::bind(&at).await?;
-                println!("demo upstream listening on http://{}/sse", listener.local_addr()?);
-                let opts = UpstreamOptions { crlf, ping_secs: None };
+                println!(
+                    "demo upstream listening on http://{}/sse",
+                    listener.local_addr()?
+                );
+                let opts = UpstreamOptions {
+                    crlf,
+                    ping_secs: None,
+                };
                 Upstream::serve(listener, opts, mcp_resume_proxy::shutdown::signal()).await
             });
             match served {

@@ -631,7 +631,10 @@ async fn eventsource_reconnects_into_the_same_session_without_loss() {
     let mut opens = 0;
     let base = format!("http://{}", p.addr);
     loop {
-        let ev = tokio::time::timeout(WAIT, rx.recv()).await.expect("event in time").expect("client alive");
+        let ev = tokio::time::timeout(WAIT, rx.recv())
+            .await
+            .expect("event in time")
+            .expect("client alive");
         if ev["open"] == true {
             opens += 1;
         } else if ev["event"] == "endpoint" {

@@ -27,7 +27,11 @@ struct Stream {
 }
 
 impl Stream {
-    async fn open(c: &HttpClient, url: &str, last_event_id: Option<&str>) -> Result<Stream, (u16, String)> {
+    async fn open(
+        c: &HttpClient,
+        url: &str,
+        last_event_id: Option<&str>,
+    ) -> Result<Stream, (u16, String)> {
         let mut req = http::Request::get(url).header("accept", "text/event-stream");
         if let Some(id) = last_event_id {
             req = req.header("last-event-id", id);
@@ -38,7 +42,12 @@ impl Stream {
             .map_err(|e| (0, e.to_string()))?;
         let status = resp.status().as_u16();
         if status != 200 {
-            let body = resp.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
             return Err((status, String::from_utf8_lossy(&body).into_owned()));
         }
         Ok(Stream {
@@ -53,7 +62,11 @@ impl Stream {
         let fut = async {
             loop {
                 if let Some(ev) = self.dec.decode(&mut self.buf).map_err(|e| e.to_string())? {
-                    return Ok((ev.event, ev.id, String::from_utf8_lossy(&ev.data).into_owned()));
+                    return Ok((
+                        ev.event,
+                        ev.id,
+                        String::from_utf8_lossy(&ev.data).into_owned(),
+                    ));
                 }
                 match self.body.frame().await {
                     None => return Err("stream ended".to_string()),
@@ -96,12 +109,19 @@ async fn post(c: &HttpClient, url: &str, msg: Value) -> Result<(), String> {
 fn describe(m: &Value) -> String {
     if let Some(method) = m["method"].as_str() {
         match method {
-            "notifications/progress" => format!("progress {}/{}", m["params"]["progress"], m["params"]["total"]),
+            "notifications/progress" => format!(
+                "progress {}/{}",
+                m["params"]["progress"], m["params"]["total"]
+            ),
             "notifications/message" => format!("log {}", m["params"]["data"]),
             other => other.to_string(),
         }
     } else if m.get("result").is_some() {
-        format!("result of request {}: {}", m["id"], m["result"]["content"][0]["text"].as_str().unwrap_or("{..}"))
+        format!(
+            "result of request {}: {}",
+            m["id"],
+            m["result"]["content"][0]["text"].as_str().unwrap_or("{..}")
+        )
     } else {
         format!("error for request {}: {}", m["id"], m["error"]["message"])
     }
@@ -149,23 +169,46 @@ async fn narrate(c: &HttpClient, base: &str, proxy: &crate::app::Running) -> Res
     println!("   at {base} (admin http://{}), logging to a temporary sled log (fsync, 30 events retained per session).", proxy.admin_addr);
 
     println!("\n② A client opens GET /sse, initializes, lists tools.");
-    let mut s = Stream::open(c, &format!("{base}/sse"), None).await.map_err(|e| format!("{e:?}"))?;
+    let mut s = Stream::open(c, &format!("{base}/sse"), None)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
     let (ev, id, endpoint) = s.next().await?;
-    check(ev.as_deref() == Some("endpoint") && id.is_none(), &format!("endpoint event (no id): {endpoint}"))?;
+    check(
+        ev.as_deref() == Some("endpoint") && id.is_none(),
+        &format!("endpoint event (no id): {endpoint}"),
+    )?;
     let msg_url = format!("{base}{endpoint}");
     post(c, &msg_url, json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2024-11-05","capabilities":{},"clientInfo":{"name":"demo","version":"1"}}})).await?;
     let (id1, m) = s.message().await?;
     println!("   id {id1}  {}", m["result"]["serverInfo"]);
-    post(c, &msg_url, json!({"jsonrpc":"2.0","method":"notifications/initialized"})).await?;
-    post(c, &msg_url, json!({"jsonrpc":"2.0","id":2,"method":"tools/list"})).await?;
+    post(
+        c,
+        &msg_url,
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+    )
+    .await?;
+    post(
+        c,
+        &msg_url,
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}),
+    )
+    .await?;
     let (_, m) = s.message().await?;
-    let tools: Vec<&str> = m["result"]["tools"].as_array().map(|t| t.iter().filter_map(|x| x["name"].as_str()).collect()).unwrap_or_default();
+    let tools: Vec<&str> = m["result"]["tools"]
+        .as_array()
+        .map(|t| t.iter().filter_map(|x| x["name"].as_str()).collect())
+        .unwrap_or_default();
     println!("   tools: {}", tools.join(", "));
 
     println!("\n③ It starts a long call: count to 10 with progress notifications.");
     post(c, &msg_url, json!({"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"count","arguments":{"n":10,"interval_ms":120},"_meta":{"progressToken":"demo"}}})).await?;
     let mut seen: Vec<(String, Value)> = Vec::new();
-    while seen.iter().filter(|(_, m)| m["method"] == "notifications/progress").count() < 3 {
+    while seen
+        .iter()
+        .filter(|(_, m)| m["method"] == "notifications/progress")
+        .count()
+        < 3
+    {
         let (id, m) = s.message().await?;
         println!("   id {id}  {}", describe(&m));
         seen.push((id, m));
@@ -178,7 +221,9 @@ async fn narrate(c: &HttpClient, base: &str, proxy: &crate::app::Running) -> Res
     tokio::time::sleep(Duration::from_millis(700)).await;
 
     println!("\n⑤ It reconnects to the same URL with Last-Event-ID: {cursor}");
-    let mut s = Stream::open(c, &format!("{base}/sse"), Some(&cursor)).await.map_err(|e| format!("{e:?}"))?;
+    let mut s = Stream::open(c, &format!("{base}/sse"), Some(&cursor))
+        .await
+        .map_err(|e| format!("{e:?}"))?;
     let (_, _, ep) = s.next().await?;
     check(ep == endpoint, "same session: the endpoint is unchanged")?;
     let mut after: Vec<(String, Value)> = Vec::new();
@@ -192,15 +237,32 @@ async fn narrate(c: &HttpClient, base: &str, proxy: &crate::app::Running) -> Res
         }
     }
     let all: Vec<&(String, Value)> = seen.iter().chain(after.iter()).collect();
-    let seqs: Vec<u64> = all.iter().filter_map(|(id, _)| id.rsplit(':').next()?.parse().ok()).collect();
-    check(seqs.windows(2).all(|w| w[1] == w[0] + 1), "ids are contiguous across the cut: nothing missing, nothing repeated")?;
-    let progress: Vec<i64> = all.iter().filter(|(_, m)| m["method"] == "notifications/progress").filter_map(|(_, m)| m["params"]["progress"].as_i64()).collect();
-    check(progress == (1..=10).collect::<Vec<_>>(), "progress 1..10, each exactly once, in order, then the result")?;
+    let seqs: Vec<u64> = all
+        .iter()
+        .filter_map(|(id, _)| id.rsplit(':').next()?.parse().ok())
+        .collect();
+    check(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "ids are contiguous across the cut: nothing missing, nothing repeated",
+    )?;
+    let progress: Vec<i64> = all
+        .iter()
+        .filter(|(_, m)| m["method"] == "notifications/progress")
+        .filter_map(|(_, m)| m["params"]["progress"].as_i64())
+        .collect();
+    check(
+        progress == (1..=10).collect::<Vec<_>>(),
+        "progress 1..10, each exactly once, in order, then the result",
+    )?;
 
     drop(s);
     println!("\n⑥ The client goes away again. While it is gone the server emits 60 events; the log retains");
     println!("   only the last 30 per session.");
-    let sid = endpoint.rsplit('=').next().and_then(crate::log::cursor::SessionId::parse).ok_or("session id")?;
+    let sid = endpoint
+        .rsplit('=')
+        .next()
+        .and_then(crate::log::cursor::SessionId::parse)
+        .ok_or("session id")?;
     let sl = proxy.registry.log.get(&sid).ok_or("session log")?;
     let target = sl.head() + 61;
     post(c, &msg_url, json!({"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"emit","arguments":{"count":60,"rate_per_sec":0}}})).await?;
@@ -210,18 +272,26 @@ async fn narrate(c: &HttpClient, base: &str, proxy: &crate::app::Running) -> Res
         .map_err(|_| "the emit was not logged in time")?
         .map_err(|e| e.to_string())?;
     let r = sl.ranges();
-    println!("   log now holds seq {}..={} of this session", r.oldest, r.head);
+    println!(
+        "   log now holds seq {}..={} of this session",
+        r.oldest, r.head
+    );
     println!("   A client that went away back at {cursor} tries to resume:");
     match Stream::open(c, &format!("{base}/sse"), Some(&cursor)).await {
         Ok(_) => return Err("a trimmed cursor was served: that would be a silent gap".into()),
         Err((status, body)) => {
             let v: Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
             println!("   HTTP {status}  {body}");
-            check(status == 409 && v["error"]["data"]["reason"] == "cursor_trimmed", "refused loudly: 409 resume_gap, reason cursor_trimmed")?;
+            check(
+                status == 409 && v["error"]["data"]["reason"] == "cursor_trimmed",
+                "refused loudly: 409 resume_gap, reason cursor_trimmed",
+            )?;
         }
     }
     let metrics = proxy.metrics.render();
-    println!("\n⑦ The refusal is counted for dashboards and alerts (GET /metrics on the admin port):");
+    println!(
+        "\n⑦ The refusal is counted for dashboards and alerts (GET /metrics on the admin port):"
+    );
     for line in metrics.lines().filter(|l| {
         l.starts_with("mcp_resume_refusals_total{reason=\"cursor_trimmed\"}")
             || l.starts_with("mcp_resume_resumes_total{facade=\"legacy\"}")
@@ -230,7 +300,10 @@ async fn narrate(c: &HttpClient, base: &str, proxy: &crate::app::Running) -> Res
     }) {
         println!("   {line}");
     }
-    check(metrics.contains("mcp_resume_refusals_total{reason=\"cursor_trimmed\"} 1"), "one cursor_trimmed refusal counted")?;
+    check(
+        metrics.contains("mcp_resume_refusals_total{reason=\"cursor_trimmed\"} 1"),
+        "one cursor_trimmed refusal counted",
+    )?;
     println!("\nThe client's remedy on 409: open a fresh stream and re-query what it had in flight. Demo complete.");
     Ok(())
 }

@@ -41,7 +41,9 @@ const RECONNECT_MS: u64 = 1000;
 
 fn endpoint_frame(ctx: &Ctx, id: &SessionId) -> Bytes {
     let url = format!("{}?session_id={id}", ctx.cfg.legacy.message_path);
-    Bytes::from(format!("event: endpoint\ndata: {url}\nretry: {RECONNECT_MS}\n\n"))
+    Bytes::from(format!(
+        "event: endpoint\ndata: {url}\nretry: {RECONNECT_MS}\n\n"
+    ))
 }
 
 async fn open(ctx: &Arc<Ctx>) -> Resp {

@@ -18,7 +18,9 @@ fn msg(i: u64) -> NewEvent {
     NewEvent::new(
         StreamTag::LEGACY,
         Kind::Message,
-        Bytes::from(format!("{{\"jsonrpc\":\"2.0\",\"method\":\"n\",\"params\":{{\"i\":{i}}}}}")),
+        Bytes::from(format!(
+            "{{\"jsonrpc\":\"2.0\",\"method\":\"n\",\"params\":{{\"i\":{i}}}}}"
+        )),
     )
 }
 
@@ -31,7 +33,10 @@ async fn appends_get_consecutive_seqs_and_read_back_in_order() {
     let dir = tempfile::tempdir().unwrap();
     let (log, rec) = open(&cfg(dir.path(), Durability::Fsync)).await;
     assert_eq!(rec.sessions, 0);
-    let sl = log.create(SessionId::random(), Facade::Legacy, None).await.unwrap();
+    let sl = log
+        .create(SessionId::random(), Facade::Legacy, None)
+        .await
+        .unwrap();
     for i in 1..=500 {
         log.append_nowait(&sl, msg(i)).await.unwrap();
     }
@@ -41,7 +46,11 @@ async fn appends_get_consecutive_seqs_and_read_back_in_order() {
     for after in [0u64, 10, 371, 499] {
         let evs = log.read_after(&sl, after, 1000).unwrap();
         let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
-        assert_eq!(seqs, ((after + 1)..=500).collect::<Vec<_>>(), "after {after}");
+        assert_eq!(
+            seqs,
+            ((after + 1)..=500).collect::<Vec<_>>(),
+            "after {after}"
+        );
         assert!(evs.iter().all(|e| e.epoch == 1 && e.kind == Kind::Message));
         assert_eq!(&evs[0].payload[..], msg(after + 1).payload.as_ref());
     }
@@ -55,7 +64,10 @@ async fn retention_trims_oldest_by_count_and_bytes_never_the_head() {
     let mut c = cfg(dir.path(), Durability::Relaxed);
     c.max_events_per_session = 100;
     let (log, _) = open(&c).await;
-    let sl = log.create(SessionId::random(), Facade::Legacy, None).await.unwrap();
+    let sl = log
+        .create(SessionId::random(), Facade::Legacy, None)
+        .await
+        .unwrap();
     for i in 1..=250 {
         log.append(&sl, msg(i)).await.unwrap();
     }
@@ -67,10 +79,18 @@ async fn retention_trims_oldest_by_count_and_bytes_never_the_head() {
     // caller must see.
     let evs = log.read_after(&sl, 10, 5).unwrap();
     assert_eq!(evs[0].seq, r.oldest);
-    let cur = Cursor { session: sl.id, epoch: 1, seq: 10 };
+    let cur = Cursor {
+        session: sl.id,
+        epoch: 1,
+        seq: 10,
+    };
     assert_eq!(check_resume(&cur, &r, false), Err(Refusal::CursorTrimmed));
     // Byte bound: one large event pushes out older ones.
-    let big = NewEvent::new(StreamTag::LEGACY, Kind::Message, Bytes::from(vec![b'x'; 2 << 20]));
+    let big = NewEvent::new(
+        StreamTag::LEGACY,
+        Kind::Message,
+        Bytes::from(vec![b'x'; 2 << 20]),
+    );
     log.append(&sl, big).await.unwrap();
     let r = sl.ranges();
     assert_eq!(r.oldest, r.head, "only the (oversized) head is left: {r:?}");
@@ -88,8 +108,14 @@ async fn clean_restart_keeps_the_epoch_and_ends_live_sessions_answering_inflight
     let sl = log.create(id, Facade::Legacy, None).await.unwrap();
     log.append(&sl, msg(1)).await.unwrap();
     log.inflight_add(&sl, "7", StreamTag::LEGACY).await.unwrap();
-    log.inflight_add(&sl, "\"done\"", StreamTag::LEGACY).await.unwrap();
-    let mut answer = NewEvent::new(StreamTag::LEGACY, Kind::Message, Bytes::from_static(br#"{"jsonrpc":"2.0","id":"done","result":{}}"#));
+    log.inflight_add(&sl, "\"done\"", StreamTag::LEGACY)
+        .await
+        .unwrap();
+    let mut answer = NewEvent::new(
+        StreamTag::LEGACY,
+        Kind::Message,
+        Bytes::from_static(br#"{"jsonrpc":"2.0","id":"done","result":{}}"#),
+    );
     answer.completes = Some("\"done\"".into());
     log.append(&sl, answer).await.unwrap();
     log.close().await.unwrap();
@@ -97,7 +123,10 @@ async fn clean_restart_keeps_the_epoch_and_ends_live_sessions_answering_inflight
 
     let (log, rec) = open(&c).await;
     assert!(rec.clean);
-    assert_eq!((rec.sessions, rec.ended_live, rec.aborted, rec.sealed), (1, 1, 1, 0));
+    assert_eq!(
+        (rec.sessions, rec.ended_live, rec.aborted, rec.sealed),
+        (1, 1, 1, 0)
+    );
     let sl = log.get(&id).unwrap();
     assert_eq!(sl.ended(), Some(EndReason::UpstreamLost));
     let r = sl.ranges();
@@ -138,9 +167,17 @@ async fn unclean_relaxed_stop_seals_the_epoch_fsync_does_not() {
             assert_eq!((r.epochs[1].epoch, r.epochs[1].first), (2, 21));
             let end = log.read_after(&sl, 20, 1).unwrap();
             assert_eq!(end[0].epoch, 2, "events after the seal carry the new epoch");
-            let ahead = Cursor { session: id, epoch: 1, seq: 21 };
+            let ahead = Cursor {
+                session: id,
+                epoch: 1,
+                seq: 21,
+            };
             assert_eq!(check_resume(&ahead, &r, false), Err(Refusal::CursorAhead));
-            let ok = Cursor { session: id, epoch: 1, seq: 20 };
+            let ok = Cursor {
+                session: id,
+                epoch: 1,
+                seq: 20,
+            };
             assert_eq!(check_resume(&ok, &r, false), Ok(20));
         } else {
             assert_eq!(rec.sealed, 0);
@@ -154,7 +191,10 @@ async fn unclean_relaxed_stop_seals_the_epoch_fsync_does_not() {
 async fn remove_deletes_a_session_and_its_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let (log, _) = open(&cfg(dir.path(), Durability::Fsync)).await;
-    let sl = log.create(SessionId::random(), Facade::Legacy, None).await.unwrap();
+    let sl = log
+        .create(SessionId::random(), Facade::Legacy, None)
+        .await
+        .unwrap();
     for i in 1..=10 {
         log.append_nowait(&sl, msg(i)).await.unwrap();
     }
