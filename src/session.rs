@@ -466,7 +466,7 @@ impl Registry {
             .log
             .all()
             .into_iter()
-            .filter_map(|l| l.meta().ended_unix.map(|t| (t, l)))
+            .filter_map(|l| l.ended_unix().map(|t| (t, l)))
             .collect();
         ended.sort_by_key(|(t, _)| *t);
         for (_, l) in ended {

@@ -221,9 +221,14 @@ impl SessionLog {
         self.head_tx.subscribe()
     }
 
-    /// Why the session ended, once its end marker is durable.
+    /// Why the session ended (set when the end begins; the end marker follows in the log).
     pub fn ended(&self) -> Option<EndReason> {
         self.lock().meta.ended
+    }
+
+    /// Unix seconds of the end, once ended.
+    pub fn ended_unix(&self) -> Option<u64> {
+        self.lock().meta.ended_unix
     }
 
     /// The id of event `seq` as clients see it.
