@@ -549,8 +549,7 @@ impl Registry {
             }
             let now = crate::log::unix_now();
             for l in self.log.all() {
-                if l.meta()
-                    .ended_unix
+                if l.ended_unix()
                     .is_some_and(|t| now.saturating_sub(t) >= retain)
                 {
                     if let Err(e) = self.log.remove(&l.id).await {
