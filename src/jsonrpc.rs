@@ -23,7 +23,7 @@ pub struct Peek {
     /// Has `result` or `error`: a response.
     pub is_response: bool,
     /// `params.progressToken` (progress notifications) or `params._meta.progressToken` (requests),
-    /// as canonical JSON.
+    /// as canonical JSON. Not read for other messages (always `None` there).
     pub progress_token: Option<String>,
 }
 
@@ -74,8 +74,16 @@ pub fn canonical(raw: &RawValue) -> String {
 pub fn peek(bytes: &[u8]) -> Option<Peek> {
     let msg: RawMsg<'_> = serde_json::from_slice(bytes).ok()?;
     let id = msg.id.filter(|r| r.get() != "null").map(canonical);
+    // Only a request's `_meta.progressToken` and a progress notification's `progressToken` mean
+    // anything, so other messages' params (the bulk of most upstream events) are not parsed a
+    // second time.
+    let wants_token = match &msg.method {
+        Some(m) => id.is_some() || m == "notifications/progress",
+        None => false,
+    };
     let progress_token = msg
         .params
+        .filter(|_| wants_token)
         .and_then(|p| serde_json::from_str::<RawParams<'_>>(p.get()).ok())
         .and_then(|p| {
             p.progress_token
@@ -146,6 +154,9 @@ mod tests {
         let p = peek(br#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":3,"progress":1}}"#).unwrap();
         assert_eq!(p.id, None);
         assert_eq!(p.progress_token.as_deref(), Some("3"));
+        // Other notifications' params are not read for a token.
+        let p = peek(br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"progressToken":3,"data":{}}}"#).unwrap();
+        assert_eq!(p.progress_token, None);
         assert!(peek(b"{not json").is_none());
         assert!(peek(b"[1,2]").is_none());
     }

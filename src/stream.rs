@@ -17,6 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus::IntGauge;
 use tokio::sync::{mpsc, watch};
 
+use crate::log::cursor::{Cursor, MAX_EVENT_ID_LEN};
 use crate::log::{Event, Kind, Log, SessionLog, StreamTag};
 use crate::metrics::{Facade, Metrics};
 use crate::session::Attachment;
@@ -26,8 +27,11 @@ use crate::sse::encode;
 pub const PRIMING_RETRY_MS: u64 = 1000;
 /// Events read from the log per turn.
 const READ_BATCH: usize = 256;
-/// Frames buffered between the cursor task and the connection.
-const CHANNEL_FRAMES: usize = 16;
+/// Packs of frames buffered between the cursor task and the connection (with [`PACK_BYTES`],
+/// about 128 KiB at most for a client that stopped reading).
+const CHANNEL_FRAMES: usize = 8;
+/// A pack of consecutive frames is handed to the connection once it holds this many bytes.
+const PACK_BYTES: usize = 16 * 1024;
 
 /// Which events of the session log a stream delivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -207,51 +211,103 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
                 got: batch[0].seq,
             };
         }
+        // The frames of consecutive events go out packed in one buffer (up to `PACK_BYTES`): one
+        // channel send and one body chunk per pack instead of per event, which is what a replay
+        // or a busy live stream spends its time on. Events are counted as delivered (metrics,
+        // attachment position) once the pack holding them has been handed to the connection.
+        let mut pack = Pack::default();
         for ev in batch {
             spec.after = ev.seq;
             if ev.kind == Kind::End {
+                if let Err(end) = pack.send(tx, spec, env, &mut kicked, &mut keepalive).await {
+                    return end;
+                }
                 return End::SessionEnded;
             }
             if ev.stream != tag {
                 continue;
             }
-            let frame = frame_of(&spec.log, &ev);
-            // Sending waits while the client is slow; a takeover or a drain must still end it.
-            // A send that can complete goes first, so a drain cuts only a client that is not
-            // keeping up, never one that is.
-            tokio::select! {
-                biased;
-                r = tx.send(frame) => if r.is_err() { return End::ClientGone },
-                _ = wait_true(&mut kicked) => return End::Kicked,
-                _ = drain_started(&mut env.drain) => return End::Drain,
-            }
+            write_frame(&mut pack.buf, &spec.log, &ev);
+            pack.last = ev.seq;
             if ev.kind != Kind::Priming {
-                env.metrics.delivered.inc();
+                pack.delivered += 1;
                 if ev.seq <= spec.replay_until {
-                    env.metrics.replayed.inc();
+                    pack.replayed += 1;
                 }
             }
-            keepalive.reset();
-            if let Some(a) = &spec.attachment {
-                a.advance(ev.seq);
-            }
-            if ev.kind == Kind::Final {
-                match finals_left.as_mut() {
+            let complete = ev.kind == Kind::Final
+                && match finals_left.as_mut() {
                     Some(n) => {
                         *n = n.saturating_sub(1);
-                        if *n == 0 {
-                            return End::StreamComplete;
-                        }
+                        *n == 0
                     }
-                    None if spec.end_on_final => return End::StreamComplete,
-                    None => {}
+                    None => spec.end_on_final,
+                };
+            if complete || pack.buf.len() >= PACK_BYTES {
+                if let Err(end) = pack.send(tx, spec, env, &mut kicked, &mut keepalive).await {
+                    return end;
                 }
             }
+            if complete {
+                return End::StreamComplete;
+            }
+        }
+        if let Err(end) = pack.send(tx, spec, env, &mut kicked, &mut keepalive).await {
+            return end;
         }
         if let Some(a) = &spec.attachment {
             // Events of other streams read past count as delivered for this one.
             a.advance(spec.after);
         }
+    }
+}
+
+/// Frames of consecutive events not yet handed to the connection, and what they count for.
+#[derive(Default)]
+struct Pack {
+    buf: Vec<u8>,
+    /// Seq of the last event in `buf`.
+    last: u64,
+    /// Events in `buf` that count as delivered (priming events do not).
+    delivered: u64,
+    /// Of those, events logged before the resume.
+    replayed: u64,
+}
+
+impl Pack {
+    /// Sends the pack (if any) and counts its events as delivered.
+    async fn send(
+        &mut self,
+        tx: &mpsc::Sender<Bytes>,
+        spec: &StreamSpec,
+        env: &mut StreamEnv,
+        kicked: &mut Option<watch::Receiver<bool>>,
+        keepalive: &mut tokio::time::Interval,
+    ) -> Result<(), End> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let frames = Bytes::from(std::mem::take(&mut self.buf));
+        // Sending waits while the client is slow; a takeover or a drain must still end it.
+        // A send that can complete goes first, so a drain cuts only a client that is not
+        // keeping up, never one that is.
+        tokio::select! {
+            biased;
+            r = tx.send(frames) => if r.is_err() { return Err(End::ClientGone) },
+            _ = wait_true(kicked) => return Err(End::Kicked),
+            _ = drain_started(&mut env.drain) => return Err(End::Drain),
+        }
+        env.metrics
+            .delivered
+            .inc_by(std::mem::take(&mut self.delivered));
+        env.metrics
+            .replayed
+            .inc_by(std::mem::take(&mut self.replayed));
+        keepalive.reset();
+        if let Some(a) = &spec.attachment {
+            a.advance(self.last);
+        }
+        Ok(())
     }
 }
 
@@ -274,9 +330,22 @@ async fn wait_true(rx: &mut Option<watch::Receiver<bool>>) {
 
 /// The SSE frame of a logged event (I5: only logged events carry an id).
 pub fn frame_of(log: &SessionLog, ev: &Event) -> Bytes {
-    let id = log.event_id(ev.epoch, ev.seq);
+    let mut out = Vec::new();
+    write_frame(&mut out, log, ev);
+    Bytes::from(out)
+}
+
+/// Appends the SSE frame of a logged event to `out`; the id is built on the stack.
+pub fn write_frame(out: &mut Vec<u8>, log: &SessionLog, ev: &Event) {
+    let cursor = Cursor {
+        session: log.id,
+        epoch: ev.epoch,
+        seq: ev.seq,
+    };
+    let mut buf = [0u8; MAX_EVENT_ID_LEN];
+    let id = cursor.write_to(&mut buf);
     match ev.kind {
-        Kind::Priming => encode::priming(&id, Some(PRIMING_RETRY_MS)),
-        _ => encode::event(Some(&id), Some("message"), &ev.payload),
-    }
+        Kind::Priming => encode::priming_into(out, id, Some(PRIMING_RETRY_MS)),
+        _ => encode::event_into(out, Some(id), Some("message"), &ev.payload),
+    };
 }

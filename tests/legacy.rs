@@ -258,7 +258,7 @@ async fn every_refusal_has_its_status_body_and_counter() {
     .await;
     let base = format!("http://{}", p.addr);
     let admin = format!("http://{}/metrics", p.admin_addr);
-    let (mut sse, url, first) = legacy_session(&base).await;
+    let (sse, url, first) = legacy_session(&base).await;
     let session = first.split(':').next().unwrap().to_string();
     let sid = mcp_resume_proxy::log::cursor::SessionId::parse(&session).unwrap();
     let sl = p.registry.log.get(&sid).unwrap();
@@ -666,6 +666,7 @@ async fn eventsource_reconnects_into_the_same_session_without_loss() {
         }
     }
     let _ = child.kill();
+    let _ = child.wait();
     assert!(opens >= 2, "the EventSource reconnected by itself");
     assert!(
         endpoints.iter().all(|e| e == &endpoints[0]),

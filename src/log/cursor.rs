@@ -30,6 +30,18 @@ impl SessionId {
         }
         Some(Self(out))
     }
+
+    /// The 32 lowercase hex characters. Event ids are formatted once per delivered event, so
+    /// this is a table lookup per nibble rather than 16 `{:02x}` formatter calls.
+    pub fn hex(&self) -> [u8; 32] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 32];
+        for (i, b) in self.0.iter().enumerate() {
+            out[2 * i] = HEX[usize::from(b >> 4)];
+            out[2 * i + 1] = HEX[usize::from(b & 0x0f)];
+        }
+        out
+    }
 }
 
 fn hex_val(c: u8) -> Option<u8> {
@@ -42,10 +54,7 @@ fn hex_val(c: u8) -> Option<u8> {
 
 impl fmt::Display for SessionId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        f.write_str(std::str::from_utf8(&self.hex()).expect("hex is ASCII"))
     }
 }
 
@@ -94,9 +103,40 @@ fn parse_decimal(s: &str) -> Option<u64> {
     s.parse().ok()
 }
 
+/// Longest event id: 32 hex characters, `:`, a `u32` epoch, `:`, a `u64` seq.
+pub const MAX_EVENT_ID_LEN: usize = 32 + 1 + 10 + 1 + 20;
+
+impl Cursor {
+    /// Writes the id into `buf` without allocating and returns it. Every delivered event gets
+    /// its id built here, so this avoids the formatter machinery.
+    pub fn write_to<'b>(&self, buf: &'b mut [u8; MAX_EVENT_ID_LEN]) -> &'b str {
+        buf[..32].copy_from_slice(&self.session.hex());
+        let mut n = 32;
+        for v in [u64::from(self.epoch), self.seq] {
+            buf[n] = b':';
+            n += 1;
+            let mut digits = [0u8; 20];
+            let mut i = digits.len();
+            let mut v = v;
+            loop {
+                i -= 1;
+                digits[i] = b'0' + (v % 10) as u8;
+                v /= 10;
+                if v == 0 {
+                    break;
+                }
+            }
+            let d = &digits[i..];
+            buf[n..n + d.len()].copy_from_slice(d);
+            n += d.len();
+        }
+        std::str::from_utf8(&buf[..n]).expect("event ids are ASCII")
+    }
+}
+
 impl fmt::Display for Cursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.session, self.epoch, self.seq)
+        f.write_str(self.write_to(&mut [0u8; MAX_EVENT_ID_LEN]))
     }
 }
 
@@ -255,6 +295,24 @@ mod tests {
         assert_eq!(c.session, sid());
         assert_eq!((c.epoch, c.seq), (1, 1043));
         assert_eq!(c.to_string(), "9f86d081884c7d659a2feaa0c55ad015:1:1043");
+    }
+
+    #[test]
+    fn event_id_extremes_round_trip() {
+        for (epoch, seq) in [(1, 1), (u32::MAX, u64::MAX), (10, 1_000_000_007)] {
+            let c = Cursor {
+                session: sid(),
+                epoch,
+                seq,
+            };
+            let s = c.to_string();
+            assert_eq!(s, format!("9f86d081884c7d659a2feaa0c55ad015:{epoch}:{seq}"));
+            assert_eq!(Cursor::parse(&s), Some(c));
+        }
+        assert_eq!(
+            SessionId([0xab; 16]).to_string(),
+            "abababababababababababababababab"
+        );
     }
 
     #[test]

@@ -38,9 +38,9 @@ pub(crate) async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
 }
 
 async fn turn(store: &Store, ops: &mut Vec<Op>) {
-    let mut events = sled::Batch::default();
-    let mut inflight = sled::Batch::default();
-    let mut sessions = sled::Batch::default();
+    let mut events = TreeBatch::default();
+    let mut inflight = TreeBatch::default();
+    let mut sessions = TreeBatch::default();
     let mut pending: Vec<Pending> = Vec::new();
     let mut acks: Vec<oneshot::Sender<Result<u64>>> = Vec::new();
     let mut removes = Vec::new();
@@ -159,7 +159,7 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
     }
     for log in &touched {
         // Trim before waking readers, so nobody observes a head beyond the retention bound.
-        if let Err(e) = trim(store, log) {
+        if let Err(e) = off_worker(|| trim(store, log)) {
             tracing::error!(session = %log.id, error = %e, "trim failed");
         }
         let head = log.lock().ranges.head;
@@ -173,23 +173,74 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
     }
 }
 
+/// A sled batch that knows whether anything was put in it. Applying even an empty batch takes
+/// sled's global write lock and logs a batch marker, and most turns touch only the `events` tree.
+#[derive(Default)]
+struct TreeBatch {
+    batch: sled::Batch,
+    len: usize,
+}
+
+impl TreeBatch {
+    fn insert(&mut self, key: impl Into<sled::IVec>, value: impl Into<sled::IVec>) {
+        self.batch.insert(key, value);
+        self.len += 1;
+    }
+
+    fn remove(&mut self, key: impl Into<sled::IVec>) {
+        self.batch.remove(key);
+        self.len += 1;
+    }
+
+    fn apply(self, tree: &sled::Tree) -> sled::Result<()> {
+        if self.len == 0 {
+            return Ok(());
+        }
+        tree.apply_batch(self.batch)
+    }
+}
+
 async fn write(
     store: &Store,
-    events: sled::Batch,
-    inflight: sled::Batch,
-    sessions: sled::Batch,
+    events: TreeBatch,
+    inflight: TreeBatch,
+    sessions: TreeBatch,
     removes: &[crate::log::cursor::SessionId],
     flush: bool,
 ) -> std::result::Result<(), String> {
+    off_worker(|| apply(store, events, inflight, sessions, removes))?;
+    if flush {
+        store.db.flush_async().await.map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Runs synchronous sled work of a turn. Applying a full turn, or trimming a busy session, is
+/// milliseconds of CPU (sled's B-tree work costs tens of microseconds per key); done plainly on
+/// a worker thread it would stall every task queued there — client streams, upstream readers —
+/// and in relaxed mode, where no fsync wait yields, turn after turn. On the multi-threaded
+/// runtime `block_in_place` runs it here at once while the runtime hands this worker's other
+/// tasks to another thread. A current-thread runtime (unit tests) runs it inline.
+fn off_worker<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+fn apply(
+    store: &Store,
+    events: TreeBatch,
+    inflight: TreeBatch,
+    sessions: TreeBatch,
+    removes: &[crate::log::cursor::SessionId],
+) -> std::result::Result<(), String> {
     let e = |e: sled::Error| e.to_string();
-    store.events.apply_batch(events).map_err(e)?;
-    store.inflight.apply_batch(inflight).map_err(e)?;
-    store.sessions.apply_batch(sessions).map_err(e)?;
+    events.apply(&store.events).map_err(e)?;
+    inflight.apply(&store.inflight).map_err(e)?;
+    sessions.apply(&store.sessions).map_err(e)?;
     for id in removes {
         remove_session(store, id).map_err(e)?;
-    }
-    if flush {
-        store.db.flush_async().await.map_err(e)?;
     }
     Ok(())
 }

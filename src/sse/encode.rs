@@ -20,6 +20,14 @@ use bytes::Bytes;
 /// CR/LF inside `id`/`event` become spaces; an id containing NUL would be
 /// ignored by decoders, so callers must not produce one.
 pub fn event(id: Option<&str>, event: Option<&str>, data: &[u8]) -> Bytes {
+    let mut out = Vec::new();
+    let size = event_into(&mut out, id, event, data);
+    finish(out, size)
+}
+
+/// Appends the frame [`event`] builds to `out` (one exact reservation) and returns its length.
+/// A client stream packs the frames of consecutive events into one buffer this way.
+pub fn event_into(out: &mut Vec<u8>, id: Option<&str>, event: Option<&str>, data: &[u8]) -> usize {
     let mut size = 1; // final blank line
     if let Some(id) = id {
         size += ID.len() + id.len() + 1;
@@ -30,12 +38,12 @@ pub fn event(id: Option<&str>, event: Option<&str>, data: &[u8]) -> Bytes {
     for line in lines(data) {
         size += DATA.len() + line.len() + 1;
     }
-    let mut out = Vec::with_capacity(size);
+    reserve(out, size);
     if let Some(id) = id {
-        push_field(&mut out, ID, id.as_bytes());
+        push_field(out, ID, id.as_bytes());
     }
     if let Some(ev) = event {
-        push_field(&mut out, EVENT, ev.as_bytes());
+        push_field(out, EVENT, ev.as_bytes());
     }
     for line in lines(data) {
         out.extend_from_slice(DATA);
@@ -43,7 +51,7 @@ pub fn event(id: Option<&str>, event: Option<&str>, data: &[u8]) -> Bytes {
         out.push(b'\n');
     }
     out.push(b'\n');
-    finish(out, size)
+    size
 }
 
 /// Priming event: `id: {id}\n` then `retry: {ms}\n` if Some, then `data: \n\n`.
@@ -52,19 +60,26 @@ pub fn event(id: Option<&str>, event: Option<&str>, data: &[u8]) -> Bytes {
 /// before the first real event; the empty `data:` line makes decoders
 /// dispatch it.
 pub fn priming(id: &str, retry_ms: Option<u64>) -> Bytes {
+    let mut out = Vec::new();
+    let size = priming_into(&mut out, id, retry_ms);
+    finish(out, size)
+}
+
+/// Appends the frame [`priming`] builds to `out` and returns its length.
+pub fn priming_into(out: &mut Vec<u8>, id: &str, retry_ms: Option<u64>) -> usize {
     let mut digits = [0u8; 20];
     let retry = retry_ms.map(|ms| format_u64(ms, &mut digits));
     let mut size = ID.len() + id.len() + 1 + PRIMING_TAIL.len();
     if let Some(r) = retry {
         size += RETRY.len() + r.len() + 1;
     }
-    let mut out = Vec::with_capacity(size);
-    push_field(&mut out, ID, id.as_bytes());
+    reserve(out, size);
+    push_field(out, ID, id.as_bytes());
     if let Some(r) = retry {
-        push_field(&mut out, RETRY, r);
+        push_field(out, RETRY, r);
     }
     out.extend_from_slice(PRIMING_TAIL);
-    finish(out, size)
+    size
 }
 
 /// Comment frame `: {text}\n\n` (keepalive). CR/LF in `text` are replaced with
@@ -95,6 +110,16 @@ fn push_field(out: &mut Vec<u8>, prefix: &[u8], value: &[u8]) {
         }
     }
     out.push(b'\n');
+}
+
+/// Room for `size` more bytes: exact for a fresh frame (so it converts to [`Bytes`] without
+/// spare capacity), amortised when frames are packed one after another.
+fn reserve(out: &mut Vec<u8>, size: usize) {
+    if out.is_empty() {
+        out.reserve_exact(size);
+    } else {
+        out.reserve(size);
+    }
 }
 
 fn finish(out: Vec<u8>, size: usize) -> Bytes {
@@ -225,6 +250,22 @@ mod tests {
             let v: Vec<u8> = f.into();
             assert_eq!(v.len(), v.capacity());
         }
+    }
+
+    #[test]
+    fn packed_frames_equal_single_frames() {
+        let mut out = Vec::new();
+        let a = event_into(&mut out, Some("1"), Some("message"), b"{\"a\":1}");
+        let b = priming_into(&mut out, "2", Some(1000));
+        let c = event_into(&mut out, Some("3"), Some("message"), b"x\ny");
+        let expect = [
+            event(Some("1"), Some("message"), b"{\"a\":1}"),
+            priming("2", Some(1000)),
+            event(Some("3"), Some("message"), b"x\ny"),
+        ]
+        .concat();
+        assert_eq!(out, expect);
+        assert_eq!(a + b + c, out.len());
     }
 
     /// What a WHATWG decoder yields for `data`: CRLF and CR become LF.
