@@ -7,8 +7,9 @@
 //! never see an unpublished event, so replay and live delivery are the same read.
 //!
 //! On open, [`Log::open`] recovers: it finds every session's retained range, seals the epoch after an
-//! unclean stop in relaxed mode (I2), and ends every session that was live — its upstream session
-//! died with the old process — answering its in-flight requests with -32091 (I6).
+//! unclean stop of a relaxed-mode run (I2; whatever mode this run has), and ends every session that
+//! was live — its upstream session died with the old process — answering its in-flight requests
+//! with -32091 (I6).
 
 pub mod cursor;
 pub mod key;
@@ -352,7 +353,24 @@ impl Log {
             .get("clean")
             .map_err(store_err)?
             .is_some_and(|v| &v[..] == b"1");
+        // Whether the tail of the log can be proven is decided by the durability of the runs that
+        // wrote it, not of this one: a relaxed run that stopped uncleanly may have shown clients
+        // events that never reached the disk, even when this run is `fsync`. The key says
+        // `relaxed` from before a relaxed run's first write until an fsync run has finished its
+        // recovery (seals included, all flushed), so a crash during that recovery still seals
+        // next time. A data dir without the key counts as relaxed: sealing costs one epoch number.
+        let prev_relaxed = store
+            .meta
+            .get("durability")
+            .map_err(store_err)?
+            .map_or(true, |v| &v[..] != b"fsync");
         store.meta.insert("clean", b"0").map_err(store_err)?;
+        if cfg.durability == Durability::Relaxed {
+            store
+                .meta
+                .insert("durability", b"relaxed")
+                .map_err(store_err)?;
+        }
         store.db.flush_async().await.map_err(store_err)?;
 
         let (tx, rx) = mpsc::channel(4096);
@@ -363,11 +381,19 @@ impl Log {
             logs: Mutex::new(HashMap::new()),
             writer: Mutex::new(Some(writer)),
         });
-        let rec = log.recover(clean).await?;
+        let rec = log.recover(clean, prev_relaxed).await?;
+        if cfg.durability == Durability::Fsync {
+            // Recovery's writes went through the fsync writer: the tail is provable from now on.
+            log.store
+                .meta
+                .insert("durability", b"fsync")
+                .map_err(store_err)?;
+            log.store.db.flush_async().await.map_err(store_err)?;
+        }
         Ok((log, rec))
     }
 
-    async fn recover(&self, clean: bool) -> Result<Recovery> {
+    async fn recover(&self, clean: bool, prev_relaxed: bool) -> Result<Recovery> {
         let st = &self.store;
         let mut rec = Recovery {
             clean,
@@ -415,7 +441,7 @@ impl Log {
                 });
             }
             let mut sealed = false;
-            if !clean && st.durability == Durability::Relaxed {
+            if !clean && (prev_relaxed || st.durability == Durability::Relaxed) {
                 // We cannot prove the tail clients saw is on disk: seal the epoch at the durable head.
                 let last = meta.epochs.last_mut().expect("one epoch");
                 if last.last.is_none() {
@@ -694,9 +720,9 @@ impl Log {
         Ok(())
     }
 
-    /// Up to `max` events after seq `after`, in order: from the in-memory window when it covers
-    /// them, else from sled. The first event returned may be later than `after + 1` only when the
-    /// events in between were trimmed — the caller must treat that as a gap.
+    /// Up to `max` consecutive events after seq `after`, in order: from the in-memory window when
+    /// it covers them, else from sled. The first event returned may be later than `after + 1` only
+    /// when the events in between were trimmed — the caller must treat that as a gap.
     ///
     /// # Errors
     /// [`Error::Store`] when sled fails to read.
@@ -727,6 +753,12 @@ impl Log {
             let Some((_, seq)) = key::parse_event_key(&k) else {
                 continue;
             };
+            // A sled scan is not a snapshot: a trim applied meanwhile deletes keys ahead of it,
+            // and the scan then jumps over them. Stop at the hole: the next read starts beyond
+            // it, so the caller sees the gap (a stream closes, its resume is refused as trimmed).
+            if out.last().is_some_and(|p: &Arc<Event>| seq != p.seq + 1) {
+                break;
+            }
             let Some((epoch, kind, stream, payload)) = key::decode_event(Bytes::from(v.to_vec()))
             else {
                 return Err(Error::Store(format!("corrupt event {}:{seq}", sl.id)));
