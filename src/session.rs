@@ -59,6 +59,8 @@ pub struct Session {
     link: UpstreamLink,
     default_stream: StreamTag,
     state: Mutex<State>,
+    /// Orders the pump's appends against the end of the session (see [`Session::pump`]).
+    pump_gate: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Session {
@@ -265,6 +267,12 @@ impl Session {
                 }
             };
             let received = Instant::now();
+            // Held across routing and queueing: `Registry::end` takes it before it answers the
+            // in-flight requests, so no upstream message is queued after those answers.
+            let _gate = self.pump_gate.lock().await;
+            if self.is_ended() {
+                return;
+            }
             let ev = match item {
                 UpstreamItem::Event(ev) => {
                     if ev.event.as_deref().is_some_and(|t| t != "message") {
@@ -313,6 +321,7 @@ impl Session {
             };
             if let Err(e) = reg.log.append_nowait(&self.log, ev).await {
                 tracing::error!(session = %self.id, error = %e, "cannot log upstream event");
+                drop(_gate); // `end` takes it
                 reg.end(&self, EndReason::StoreError).await;
                 return;
             }
@@ -418,6 +427,7 @@ impl Registry {
                 ended: false,
                 pump: None,
             }),
+            pump_gate: tokio::sync::Mutex::new(()),
         });
         self.lock().insert(id, session.clone());
         let pump = tokio::spawn(session.clone().pump(self.clone(), reader));
@@ -484,6 +494,8 @@ impl Registry {
     /// Ends a live session: no new requests; the upstream stream is closed; every in-flight request
     /// is answered with a logged -32091 error on its stream; the end marker ends every client stream.
     pub async fn end(&self, session: &Arc<Session>, reason: EndReason) {
+        // Wait for a message the pump is queueing; after this no further one is (it sees `ended`).
+        let _gate = session.pump_gate.lock().await;
         let (aborts, pump) = {
             let mut st = session.lock();
             if st.ended {
