@@ -1,23 +1,10 @@
-//! The crate's error type. Each variant belongs to one boundary ([`Source`]), which picks the HTTP
-//! status and the log level; callers sort errors with predicates, never by message text.
+//! The crate's error type. Each variant belongs to one boundary (client, upstream, store,
+//! capacity), which picks the HTTP status; callers sort errors with predicates, never by text.
 
 use crate::log::cursor::Refusal;
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Who is at fault.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Source {
-    /// The client sent something we cannot serve (4xx).
-    Client,
-    /// The upstream server failed (502/504).
-    Upstream,
-    /// The log could not be read or written (503).
-    Store,
-    /// A bug or resource exhaustion in the proxy (500/503).
-    Internal,
-}
 
 /// Every error the proxy reports.
 #[derive(Debug, thiserror::Error)]
@@ -49,18 +36,6 @@ pub enum Error {
 }
 
 impl Error {
-    /// The boundary at fault.
-    pub fn source_kind(&self) -> Source {
-        match self {
-            Error::Refused(_) | Error::UnknownSession | Error::BadRequest(_) => Source::Client,
-            Error::Upstream(_) | Error::UpstreamTimeout(_) | Error::UpstreamLost => {
-                Source::Upstream
-            }
-            Error::Store(_) => Source::Store,
-            Error::Capacity(_) => Source::Internal,
-        }
-    }
-
     /// Is this a timeout?
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::UpstreamTimeout(_))

@@ -133,11 +133,6 @@ impl Session {
         })
     }
 
-    /// Is any client attached to `stream`?
-    pub fn is_attached(&self, stream: StreamTag) -> bool {
-        self.lock().attached.contains_key(&stream)
-    }
-
     /// The seq through which client connections of `stream` have been delivered (0 before any).
     pub fn position(&self, stream: StreamTag) -> u64 {
         self.lock().positions.get(&stream).copied().unwrap_or(0)

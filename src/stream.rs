@@ -65,9 +65,6 @@ pub struct StreamSpec {
     pub facade: Facade,
     /// The attachment (takeover signal), when the session is live.
     pub attachment: Option<Attachment>,
-    /// End after the first `Final` event of the stream (POST streams). [`Filter::Post`] counts
-    /// its own finals and ignores this.
-    pub end_on_final: bool,
 }
 
 /// Shared things every stream uses.
@@ -235,14 +232,12 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
                     pack.replayed += 1;
                 }
             }
+            // Only POST streams ([`Filter::Post`]) end on their responses.
             let complete = ev.kind == Kind::Final
-                && match finals_left.as_mut() {
-                    Some(n) => {
-                        *n = n.saturating_sub(1);
-                        *n == 0
-                    }
-                    None => spec.end_on_final,
-                };
+                && finals_left.as_mut().is_some_and(|n| {
+                    *n = n.saturating_sub(1);
+                    *n == 0
+                });
             if complete || pack.buf.len() >= PACK_BYTES {
                 if let Err(end) = pack.send(tx, spec, env, &mut kicked, &mut keepalive).await {
                     return end;

@@ -59,7 +59,6 @@ async fn open(ctx: &Arc<Ctx>) -> Resp {
         replay_until: 0,
         facade: Facade::Legacy,
         attachment: session.attach(StreamTag::LEGACY, false),
-        end_on_final: false,
     };
     sse_response(stream::spawn(spec, ctx.env.clone()), None)
 }
@@ -103,7 +102,6 @@ async fn resume(ctx: &Arc<Ctx>, last_event_id: &str) -> Resp {
         replay_until: ranges.head,
         facade: Facade::Legacy,
         attachment,
-        end_on_final: false,
     };
     sse_response(stream::spawn(spec, ctx.env.clone()), None)
 }

@@ -435,7 +435,6 @@ async fn answer(
         replay_until: 0,
         facade: Facade::Streamable,
         attachment: session.attach(tag, false),
-        end_on_final: false,
     };
     let id = with_session_header.then_some(&session.id);
     sse_response(stream::spawn(spec, ctx.env.clone()), id)
@@ -491,7 +490,6 @@ fn standalone(ctx: &Arc<Ctx>, h: &HeaderMap) -> Resp {
         replay_until: 0,
         facade: Facade::Streamable,
         attachment: Some(attachment),
-        end_on_final: false,
     };
     sse_response(stream::spawn(spec, ctx.env.clone()), None)
 }
@@ -647,7 +645,6 @@ async fn resume(
         replay_until: ranges.head,
         facade: Facade::Streamable,
         attachment,
-        end_on_final: false,
     };
     sse_response(stream::spawn(spec, ctx.env.clone()), None)
 }
