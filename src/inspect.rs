@@ -7,7 +7,7 @@ use std::path::Path;
 use bytes::Bytes;
 
 use crate::log::cursor::{Cursor, SessionId};
-use crate::log::{key, Kind, SessionMeta};
+use crate::log::{key, Event, Kind, SessionMeta};
 
 /// Prints the sessions of the log in `dir`, or the events of `session`.
 ///
@@ -44,20 +44,18 @@ pub fn run(dir: &Path, session: Option<&str>, out: &mut dyn Write) -> Result<(),
                 };
                 let id = SessionId(b);
                 let meta: SessionMeta = serde_json::from_slice(&v).map_err(|e| e.to_string())?;
-                let mut iter = events.scan_prefix(id.0).keys();
-                let first = iter
-                    .next()
-                    .and_then(|k| k.ok())
-                    .and_then(|k| key::parse_event_key(&k))
-                    .map(|x| x.1);
-                let last = events
-                    .scan_prefix(id.0)
-                    .keys()
-                    .next_back()
-                    .and_then(|k| k.ok())
-                    .and_then(|k| key::parse_event_key(&k))
-                    .map(|x| x.1);
-                let count = events.scan_prefix(id.0).count();
+                let (mut first, mut last, mut count) = (None, None, 0u64);
+                for item in events.scan_prefix(id.0) {
+                    let (k, v) = item.map_err(|e| e.to_string())?;
+                    let (Some((_, f)), Some((n, _))) =
+                        (key::parse_event_key(&k), key::chunk_info(&v))
+                    else {
+                        return Err(format!("session {id}: corrupt chunk"));
+                    };
+                    first.get_or_insert(f);
+                    last = Some(f + n - 1);
+                    count += n;
+                }
                 let state = match meta.ended {
                     None => "live".to_string(),
                     Some(r) => format!("ended:{}", r.as_str()),
@@ -91,39 +89,42 @@ pub fn run(dir: &Path, session: Option<&str>, out: &mut dyn Write) -> Result<(),
             }
             for item in events.scan_prefix(id.0) {
                 let (k, v) = item.map_err(|e| e.to_string())?;
-                let Some((_, seq)) = key::parse_event_key(&k) else {
+                let Some((_, first)) = key::parse_event_key(&k) else {
                     continue;
                 };
-                let Some((epoch, kind, stream, payload)) =
-                    key::decode_event(Bytes::from(v.to_vec()))
-                else {
-                    writeln!(out, "{seq}: <corrupt>").map_err(w)?;
+                let Some(chunk) = key::decode_chunk(first, Bytes::from(v.to_vec())) else {
+                    writeln!(out, "{first}: <corrupt chunk>").map_err(w)?;
                     continue;
                 };
-                let kind = match kind {
-                    Kind::Message => "message",
-                    Kind::Priming => "priming",
-                    Kind::Final => "final",
-                    Kind::End => "end",
-                };
-                let stream = match stream.0 {
-                    0 => "legacy".to_string(),
-                    1 => "standalone".to_string(),
-                    n => format!("post{}", n - 2),
-                };
-                writeln!(
-                    out,
-                    "{}  {kind:<7}  {stream:<10}  {}",
-                    Cursor {
-                        session: id,
-                        epoch,
-                        seq
-                    },
-                    String::from_utf8_lossy(&payload)
-                )
-                .map_err(w)?;
+                for ev in chunk {
+                    print_event(out, &id, &ev).map_err(w)?;
+                }
             }
         }
     }
     Ok(())
+}
+
+fn print_event(out: &mut dyn Write, id: &SessionId, ev: &Event) -> std::io::Result<()> {
+    let kind = match ev.kind {
+        Kind::Message => "message",
+        Kind::Priming => "priming",
+        Kind::Final => "final",
+        Kind::End => "end",
+    };
+    let stream = match ev.stream.0 {
+        0 => "legacy".to_string(),
+        1 => "standalone".to_string(),
+        n => format!("post{}", n - 2),
+    };
+    let cursor = Cursor {
+        session: *id,
+        epoch: ev.epoch,
+        seq: ev.seq,
+    };
+    writeln!(
+        out,
+        "{cursor}  {kind:<7}  {stream:<10}  {}",
+        String::from_utf8_lossy(&ev.payload)
+    )
 }

@@ -410,18 +410,21 @@ impl Log {
                 tracing::warn!(session = %id, "unreadable session metadata; skipping");
                 continue;
             };
+            // Chunk headers carry their event count and payload bytes: no record is decoded.
             let (mut oldest, mut head, mut bytes, mut count) = (0u64, 0u64, 0u64, 0u64);
             for item in st.events.scan_prefix(id.0) {
                 let (k, v) = item.map_err(store_err)?;
-                let Some((_, seq)) = key::parse_event_key(&k) else {
-                    continue;
+                let (Some((_, first)), Some((n, b))) =
+                    (key::parse_event_key(&k), key::chunk_info(&v))
+                else {
+                    return Err(Error::Store(format!("corrupt chunk in session {id}")));
                 };
                 if oldest == 0 {
-                    oldest = seq;
+                    oldest = first;
                 }
-                head = seq;
-                bytes += (v.len() - key::HEADER_LEN.min(v.len())) as u64;
-                count += 1;
+                head = first + n - 1;
+                bytes += b;
+                count += n;
             }
             if oldest == 0 {
                 // Nothing retained: the next event is seq 1 of the first epoch, or after the meta's last.
@@ -502,12 +505,14 @@ impl Log {
 
     /// Was a response to `req_id` logged after seq `after`? (Recovery only.)
     fn answered_after(&self, sl: &SessionLog, req_id: &str, after: u64) -> Result<bool> {
-        let start = key::event_key(&sl.id, after + 1);
-        let end = key::event_key(&sl.id, u64::MAX);
-        for item in self.store.events.range(start..=end) {
-            let (_, v) = item.map_err(store_err)?;
-            if let Some((_, _, _, payload)) = key::decode_event(Bytes::from(v.to_vec())) {
-                if let Some(p) = jsonrpc::peek(&payload) {
+        let head = sl.head();
+        let mut cur = after;
+        while cur < head {
+            let evs = self.read_store(sl, cur, 1024)?;
+            let Some(last) = evs.last() else { break };
+            cur = last.seq;
+            for ev in evs {
+                if let Some(p) = jsonrpc::peek(&ev.payload) {
                     if p.is_response && p.id.as_deref() == Some(req_id) {
                         return Ok(true);
                     }
@@ -744,34 +749,67 @@ impl Log {
     }
 
     fn read_store(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
+        // A sled scan is not a snapshot: a trim applied meanwhile deletes chunks ahead of it (and
+        // rewrites the one holding the new oldest event under a new key), and the scan may jump
+        // over them. Such a hole is retried while the wanted events are still retained; once they
+        // are trimmed, the read stops at the hole and the caller sees the gap (a stream closes,
+        // its resume is refused as trimmed).
+        for _ in 0..3 {
+            let (out, hole) = self.scan(sl, after, max)?;
+            let trimmed = after + 1 < sl.lock().ranges.oldest;
+            if !hole || trimmed {
+                return Ok(out);
+            }
+        }
+        Ok(self.scan(sl, after, max)?.0)
+    }
+
+    /// One scan of up to `max` consecutive events after `after`, stopping at the first hole
+    /// after the first event. Returns whether it saw a hole, including a first event later than
+    /// `after + 1` (which is then the first event returned).
+    fn scan(&self, sl: &SessionLog, after: u64, max: usize) -> Result<(Vec<Arc<Event>>, bool)> {
         let head = sl.head();
-        let start = key::event_key(&sl.id, after + 1);
-        let end = key::event_key(&sl.id, head);
-        let mut out = Vec::new();
-        for item in self.store.events.range(start..=end).take(max) {
+        let want = after + 1;
+        // The chunk holding `want` is the last key at or before it, if that key is this session's.
+        let start = match self
+            .store
+            .events
+            .range(..=key::event_key(&sl.id, want))
+            .next_back()
+        {
+            Some(item) => match key::parse_event_key(&item.map_err(store_err)?.0) {
+                Some((s, first)) if s == sl.id => first,
+                _ => want,
+            },
+            None => want,
+        };
+        let mut out: Vec<Arc<Event>> = Vec::new();
+        let mut hole = false;
+        let range = key::event_key(&sl.id, start)..=key::event_key(&sl.id, head);
+        for item in self.store.events.range(range) {
             let (k, v) = item.map_err(store_err)?;
-            let Some((_, seq)) = key::parse_event_key(&k) else {
+            let Some((_, first)) = key::parse_event_key(&k) else {
                 continue;
             };
-            // A sled scan is not a snapshot: a trim applied meanwhile deletes keys ahead of it,
-            // and the scan then jumps over them. Stop at the hole: the next read starts beyond
-            // it, so the caller sees the gap (a stream closes, its resume is refused as trimmed).
-            if out.last().is_some_and(|p: &Arc<Event>| seq != p.seq + 1) {
-                break;
-            }
-            let Some((epoch, kind, stream, payload)) = key::decode_event(Bytes::from(v.to_vec()))
-            else {
-                return Err(Error::Store(format!("corrupt event {}:{seq}", sl.id)));
+            let Some(evs) = key::decode_chunk(first, Bytes::from(v.to_vec())) else {
+                return Err(Error::Store(format!("corrupt chunk {}:{first}", sl.id)));
             };
-            out.push(Arc::new(Event {
-                seq,
-                epoch,
-                stream,
-                kind,
-                payload,
-            }));
+            for ev in evs {
+                if ev.seq < want {
+                    continue;
+                }
+                if ev.seq > head || out.len() >= max {
+                    return Ok((out, hole));
+                }
+                match out.last() {
+                    Some(p) if ev.seq != p.seq + 1 => return Ok((out, true)),
+                    None if ev.seq != want => hole = true,
+                    _ => {}
+                }
+                out.push(Arc::new(ev));
+            }
         }
-        Ok(out)
+        Ok((out, hole))
     }
 
     /// The event at `seq`, if retained.

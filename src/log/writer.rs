@@ -1,10 +1,13 @@
 //! The single writer task: group commit.
 //!
 //! Ops arrive over a bounded channel. Each turn takes everything queued (up to [`MAX_BATCH`]),
-//! assigns seqs, writes one sled batch per tree, flushes once when durability is `fsync`, and only
+//! assigns seqs, packs each session's events of the turn into chunks (one sled key each, see
+//! [`key`]), writes one sled batch per tree, flushes once when durability is `fsync`, and only
 //! then publishes: heads move, windows grow, acks fire. Throughput scales with the batch size, not
-//! with fsync latency. A failed write rolls the assigned seqs back, so seqs never have holes (I2).
+//! with fsync latency or sled's per-key cost. A failed write rolls the assigned seqs back, so seqs
+//! never have holes (I2).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -13,9 +16,14 @@ use tokio::sync::{mpsc, oneshot};
 use super::{key, Event, LogState, Op, SessionLog, Store, WINDOW_BYTES, WINDOW_EVENTS};
 use crate::config::Durability;
 use crate::error::{Error, Result};
+use crate::log::cursor::SessionId;
 
 /// Most ops written in one batch.
 pub(crate) const MAX_BATCH: usize = 1024;
+/// Most events in one chunk. Bounds what a read of one event decodes.
+const CHUNK_EVENTS: u32 = 256;
+/// A chunk is closed once its encoding reaches this size (one large event may exceed it).
+const CHUNK_BYTES: usize = 64 * 1024;
 
 type Ack = Option<oneshot::Sender<Result<u64>>>;
 
@@ -38,7 +46,7 @@ pub(crate) async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
 }
 
 async fn turn(store: &Store, ops: &mut Vec<Op>) {
-    let mut events = TreeBatch::default();
+    let mut chunks = Chunks::default();
     let mut inflight = TreeBatch::default();
     let mut sessions = TreeBatch::default();
     let mut pending: Vec<Pending> = Vec::new();
@@ -56,10 +64,7 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
                     st.assigned += 1;
                     (st.assigned, st.ranges.current_epoch())
                 };
-                events.insert(
-                    &key::event_key(&log.id, seq),
-                    key::encode_event(epoch, ev.kind, ev.stream, &ev.payload),
-                );
+                chunks.push(&log.id, seq, epoch, &ev);
                 if let Some(req) = &ev.completes {
                     inflight.remove(key::inflight_key(&log.id, req));
                 }
@@ -117,6 +122,7 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
     }
 
     let flush = must_flush || store.durability == Durability::Fsync;
+    let events = chunks.into_batch();
     let written = write(store, events, inflight, sessions, &removes, flush).await;
     if let Err(e) = written {
         tracing::error!(error = %e, "log write failed; appends in this batch are rejected");
@@ -173,6 +179,42 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
     }
 }
 
+/// The chunks of one turn: each session's events, in seq order, cut at [`CHUNK_EVENTS`] /
+/// [`CHUNK_BYTES`].
+#[derive(Default)]
+struct Chunks {
+    /// Session → (first seq, chunk being filled).
+    open: HashMap<SessionId, (u64, key::ChunkBuilder)>,
+    full: Vec<([u8; 24], Vec<u8>)>,
+}
+
+impl Chunks {
+    fn push(&mut self, session: &SessionId, seq: u64, epoch: u32, ev: &super::NewEvent) {
+        let (_, chunk) = self
+            .open
+            .entry(*session)
+            .or_insert_with(|| (seq, key::ChunkBuilder::default()));
+        chunk.push(epoch, ev.kind, ev.stream, &ev.payload);
+        if chunk.count() >= CHUNK_EVENTS || chunk.encoded_len() >= CHUNK_BYTES {
+            if let Some((first, chunk)) = self.open.remove(session) {
+                self.full
+                    .push((key::event_key(session, first), chunk.finish()));
+            }
+        }
+    }
+
+    fn into_batch(self) -> TreeBatch {
+        let mut batch = TreeBatch::default();
+        for (k, v) in self.full {
+            batch.insert(&k, v);
+        }
+        for (session, (first, chunk)) in self.open {
+            batch.insert(&key::event_key(&session, first), chunk.finish());
+        }
+        batch
+    }
+}
+
 /// A sled batch that knows whether anything was put in it. Applying even an empty batch takes
 /// sled's global write lock and logs a batch marker, and most turns touch only the `events` tree.
 #[derive(Default)]
@@ -205,7 +247,7 @@ async fn write(
     events: TreeBatch,
     inflight: TreeBatch,
     sessions: TreeBatch,
-    removes: &[crate::log::cursor::SessionId],
+    removes: &[SessionId],
     flush: bool,
 ) -> std::result::Result<(), String> {
     off_worker(|| apply(store, events, inflight, sessions, removes))?;
@@ -233,7 +275,7 @@ fn apply(
     events: TreeBatch,
     inflight: TreeBatch,
     sessions: TreeBatch,
-    removes: &[crate::log::cursor::SessionId],
+    removes: &[SessionId],
 ) -> std::result::Result<(), String> {
     let e = |e: sled::Error| e.to_string();
     events.apply(&store.events).map_err(e)?;
@@ -260,7 +302,9 @@ fn publish(st: &mut LogState, ev: &Arc<Event>) {
 
 /// Drops the oldest events of `log` while it is over its count or byte bound. Trims to 90% of the
 /// bound so that a busy session trims in batches rather than on every append. Never trims the head.
-fn trim(store: &Store, log: &SessionLog) -> std::result::Result<(), sled::Error> {
+/// Whole chunks go; the chunk holding the new oldest event is rewritten under its new first seq,
+/// in the same sled batch, so retention is exact to the event.
+fn trim(store: &Store, log: &SessionLog) -> std::result::Result<(), String> {
     let (oldest, head, bytes) = {
         let st = log.lock();
         (st.ranges.oldest, st.ranges.head, st.bytes)
@@ -276,23 +320,37 @@ fn trim(store: &Store, log: &SessionLog) -> std::result::Result<(), sled::Error>
     let mut new_oldest = oldest;
     let mut freed = 0u64;
     let start = key::event_key(&log.id, oldest);
-    let end = key::event_key(&log.id, head.saturating_sub(1));
-    for item in store.events.range(start..=end) {
-        if n <= target_count && b <= target_bytes {
-            break;
-        }
-        let (k, v) = item?;
-        let Some((_, seq)) = key::parse_event_key(&k) else {
+    let end = key::event_key(&log.id, head);
+    'chunks: for item in store.events.range(start..=end) {
+        let (k, v) = item.map_err(|e| e.to_string())?;
+        let Some((_, first)) = key::parse_event_key(&k) else {
             continue;
         };
-        let len = (v.len() - key::HEADER_LEN.min(v.len())) as u64;
+        let Some(evs) = key::decode_chunk(first, bytes::Bytes::from(v.to_vec())) else {
+            return Err(format!("corrupt chunk {}:{first}", log.id));
+        };
+        for (i, ev) in evs.iter().enumerate() {
+            if (n <= target_count && b <= target_bytes) || ev.seq >= head {
+                // This chunk keeps events from `ev` on: store them under their new first key.
+                if i > 0 {
+                    let mut rest = key::ChunkBuilder::default();
+                    for e in &evs[i..] {
+                        rest.push(e.epoch, e.kind, e.stream, &e.payload);
+                    }
+                    batch.remove(k);
+                    batch.insert(&key::event_key(&log.id, ev.seq), rest.finish());
+                }
+                break 'chunks;
+            }
+            let len = ev.payload.len() as u64;
+            n -= 1;
+            b -= len;
+            freed += len;
+            new_oldest = ev.seq + 1;
+        }
         batch.remove(k);
-        n -= 1;
-        b -= len;
-        freed += len;
-        new_oldest = seq + 1;
     }
-    store.events.apply_batch(batch)?;
+    store.events.apply_batch(batch).map_err(|e| e.to_string())?;
     let mut st = log.lock();
     st.ranges.oldest = new_oldest;
     st.bytes -= freed;
@@ -306,15 +364,12 @@ fn trim(store: &Store, log: &SessionLog) -> std::result::Result<(), sled::Error>
     Ok(())
 }
 
-fn remove_session(
-    store: &Store,
-    id: &crate::log::cursor::SessionId,
-) -> std::result::Result<(), sled::Error> {
+fn remove_session(store: &Store, id: &SessionId) -> std::result::Result<(), sled::Error> {
     let mut batch = sled::Batch::default();
     let mut freed = 0u64;
     for item in store.events.scan_prefix(id.0) {
         let (k, v) = item?;
-        freed += (v.len() - key::HEADER_LEN.min(v.len())) as u64;
+        freed += key::chunk_info(&v).map_or(0, |(_, b)| b);
         batch.remove(k);
     }
     store.events.apply_batch(batch)?;
