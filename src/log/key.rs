@@ -101,9 +101,9 @@ impl ChunkBuilder {
 
 /// Number of events and payload bytes of a chunk value, from its header alone.
 pub fn chunk_info(value: &[u8]) -> Option<(u64, u64)> {
-    match value.first()? {
-        &V1 if value.len() >= V1_HEADER => Some((1, (value.len() - V1_HEADER) as u64)),
-        &V2 if value.len() >= CHUNK_HEADER => Some((
+    match *value.first()? {
+        V1 if value.len() >= V1_HEADER => Some((1, (value.len() - V1_HEADER) as u64)),
+        V2 if value.len() >= CHUNK_HEADER => Some((
             u64::from(u32::from_be_bytes(value[1..5].try_into().ok()?)),
             u64::from_be_bytes(value[5..13].try_into().ok()?),
         )),
@@ -114,8 +114,8 @@ pub fn chunk_info(value: &[u8]) -> Option<(u64, u64)> {
 /// Decodes a chunk whose first event is `first`; payloads are zero-copy slices of `value`.
 /// `None` when the value is corrupt.
 pub fn decode_chunk(first: u64, value: Bytes) -> Option<Vec<Event>> {
-    match value.first()? {
-        &V1 => {
+    match *value.first()? {
+        V1 => {
             if value.len() < V1_HEADER {
                 return None;
             }
@@ -128,7 +128,7 @@ pub fn decode_chunk(first: u64, value: Bytes) -> Option<Vec<Event>> {
                 payload: value.slice(V1_HEADER..),
             }])
         }
-        &V2 => {
+        V2 => {
             let (count, _) = chunk_info(&value)?;
             let mut out = Vec::with_capacity(count as usize);
             let mut pos = CHUNK_HEADER;

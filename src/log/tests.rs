@@ -25,7 +25,7 @@ fn msg(i: u64) -> NewEvent {
 }
 
 async fn open(c: &LogConfig) -> (Arc<Log>, Recovery) {
-    Log::open(c, Metrics::new()).await.unwrap()
+    Log::open(c, Metrics::new()).await.expect("open log")
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 //! with fsync latency or sled's per-key cost. A failed write rolls the assigned seqs back, so seqs
 //! never have holes (I2).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -34,18 +34,80 @@ struct Pending {
     done: Ack,
 }
 
-/// Runs until every sender is dropped.
+/// Turns written to sled whose flush is still running. Turn N+1 is assembled and applied while
+/// turn N's fsync is in flight, so an event that arrives during a flush waits for its own turn
+/// only; turns still publish strictly in order.
+const PIPELINE: usize = 2;
+
+/// A turn written to sled, waiting to become durable and then published.
+struct Turn {
+    pending: Vec<Pending>,
+    acks: Vec<oneshot::Sender<Result<u64>>>,
+    /// Chunk keys it inserted: removed again if the turn fails, so no stale chunk survives a
+    /// rollback of its seqs.
+    keys: Vec<[u8; 24]>,
+    durable: Durable,
+}
+
+enum Durable {
+    /// Applied (and needing no flush), or failed.
+    Ready(std::result::Result<(), String>),
+    /// Applied; the flush runs in this task.
+    Flushing(tokio::task::JoinHandle<std::result::Result<(), String>>),
+}
+
+impl Durable {
+    async fn wait(&mut self) -> std::result::Result<(), String> {
+        match self {
+            Durable::Ready(r) => r.clone(),
+            Durable::Flushing(h) => match h.await {
+                Ok(r) => r,
+                Err(e) => Err(format!("log flush task failed: {e}")),
+            },
+        }
+    }
+}
+
+/// Runs until every sender is dropped and every turn is published.
 pub(crate) async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
     let mut ops = Vec::with_capacity(MAX_BATCH);
-    while rx.recv_many(&mut ops, MAX_BATCH).await > 0 {
-        turn(&store, &mut ops).await;
+    let mut queue: VecDeque<Turn> = VecDeque::with_capacity(PIPELINE);
+    let mut open = true;
+    while open || !queue.is_empty() {
+        tokio::select! {
+            biased;
+            r = wait_front(&mut queue), if !queue.is_empty() => {
+                match r {
+                    Ok(()) => {
+                        let turn = queue.pop_front().expect("front turn");
+                        publish_turn(&store, turn);
+                    }
+                    Err(e) => fail_all(&store, &mut queue, &e),
+                }
+            }
+            n = rx.recv_many(&mut ops, MAX_BATCH), if open && queue.len() < PIPELINE => {
+                if n == 0 {
+                    open = false;
+                } else {
+                    queue.push_back(write_turn(&store, &mut ops));
+                }
+            }
+        }
     }
     if let Err(e) = store.db.flush_async().await {
         tracing::error!(error = %e, "final log flush failed");
     }
 }
 
-async fn turn(store: &Store, ops: &mut Vec<Op>) {
+async fn wait_front(queue: &mut VecDeque<Turn>) -> std::result::Result<(), String> {
+    match queue.front_mut() {
+        Some(t) => t.durable.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Assigns seqs, packs chunks and applies one turn; starts its flush when it needs one.
+fn write_turn(store: &Arc<Store>, ops: &mut Vec<Op>) -> Turn {
     let mut chunks = Chunks::default();
     let mut inflight = TreeBatch::default();
     let mut sessions = TreeBatch::default();
@@ -122,29 +184,71 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
     }
 
     let flush = must_flush || store.durability == Durability::Fsync;
-    let events = chunks.into_batch();
-    let written = write(store, events, inflight, sessions, &removes, flush).await;
-    if let Err(e) = written {
-        tracing::error!(error = %e, "log write failed; appends in this batch are rejected");
-        for p in &pending {
-            // Roll back: nothing of this batch is durable, so the next append reuses the seq.
-            let mut st = p.log.lock();
-            st.assigned = st.ranges.head;
+    let (events, keys) = chunks.into_batch();
+    let applied = if events.len + inflight.len + sessions.len + removes.len() <= INLINE_OPS {
+        apply(store, events, inflight, sessions, &removes)
+    } else {
+        off_worker(|| apply(store, events, inflight, sessions, &removes))
+    };
+    let durable = match applied {
+        Ok(()) if flush => {
+            let store = store.clone();
+            Durable::Flushing(tokio::spawn(async move {
+                store
+                    .db
+                    .flush_async()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }))
         }
-        for p in pending {
+        other => Durable::Ready(other),
+    };
+    Turn {
+        pending,
+        acks,
+        keys,
+        durable,
+    }
+}
+
+/// The front turn failed: it and every later turn (written after it, so not provable either)
+/// are rejected, their chunks removed and their sessions' seqs rolled back to the durable head,
+/// so the next append reuses them (I2: no holes).
+fn fail_all(store: &Store, queue: &mut VecDeque<Turn>, e: &str) {
+    tracing::error!(error = %e, turns = queue.len(), "log write failed; appends in these turns are rejected");
+    let mut batch = sled::Batch::default();
+    for turn in queue.drain(..) {
+        if let Durable::Flushing(h) = &turn.durable {
+            h.abort();
+        }
+        for k in &turn.keys {
+            batch.remove(&k[..]);
+        }
+        for p in turn.pending {
+            {
+                let mut st = p.log.lock();
+                st.assigned = st.ranges.head;
+            }
             if let Some(d) = p.done {
-                let _ = d.send(Err(Error::Store(e.clone())));
+                let _ = d.send(Err(Error::Store(e.to_string())));
             }
         }
-        for a in acks {
-            let _ = a.send(Err(Error::Store(e.clone())));
+        for a in turn.acks {
+            let _ = a.send(Err(Error::Store(e.to_string())));
         }
-        return;
     }
+    if let Err(e) = store.events.apply_batch(batch) {
+        tracing::error!(error = %e, "removing the chunks of failed turns failed too");
+    }
+}
 
+/// Publishes a durable turn: heads move, windows grow, sessions over their bound are trimmed,
+/// acks fire, readers wake.
+fn publish_turn(store: &Store, turn: Turn) {
     let metrics = &store.metrics;
-    let mut touched: Vec<Arc<SessionLog>> = Vec::new();
-    for p in pending {
+    let mut touched: HashMap<SessionId, Arc<SessionLog>> = HashMap::new();
+    for p in turn.pending {
         {
             let mut st = p.log.lock();
             publish(&mut st, &p.event);
@@ -159,22 +263,28 @@ async fn turn(store: &Store, ops: &mut Vec<Op>) {
         if let Some(d) = p.done {
             let _ = d.send(Ok(p.event.seq));
         }
-        if !touched.iter().any(|l| Arc::ptr_eq(l, &p.log)) {
-            touched.push(p.log);
-        }
+        touched.entry(p.log.id).or_insert(p.log);
     }
-    for log in &touched {
-        // Trim before waking readers, so nobody observes a head beyond the retention bound.
-        if let Err(e) = off_worker(|| trim(store, log)) {
-            tracing::error!(session = %log.id, error = %e, "trim failed");
-        }
+    // Trim before waking readers, so nobody observes a head beyond the retention bound. Most
+    // turns trim nothing; the check is cheap, the trim itself is sled work.
+    let over: Vec<&Arc<SessionLog>> = touched.values().filter(|l| over_bound(store, l)).collect();
+    if !over.is_empty() {
+        off_worker(|| {
+            for log in over {
+                if let Err(e) = trim(store, log) {
+                    tracing::error!(session = %log.id, error = %e, "trim failed");
+                }
+            }
+        });
+    }
+    for log in touched.values() {
         let head = log.lock().ranges.head;
         log.head_tx.send_replace(head);
     }
     metrics
         .log_bytes
         .set(store.total_bytes.load(Ordering::Relaxed) as i64);
-    for a in acks {
+    for a in turn.acks {
         let _ = a.send(Ok(0));
     }
 }
@@ -203,15 +313,19 @@ impl Chunks {
         }
     }
 
-    fn into_batch(self) -> TreeBatch {
+    /// The batch to apply and the keys it inserts.
+    fn into_batch(mut self) -> (TreeBatch, Vec<[u8; 24]>) {
+        for (session, (first, chunk)) in self.open.drain() {
+            self.full
+                .push((key::event_key(&session, first), chunk.finish()));
+        }
         let mut batch = TreeBatch::default();
+        let mut keys = Vec::with_capacity(self.full.len());
         for (k, v) in self.full {
             batch.insert(&k, v);
+            keys.push(k);
         }
-        for (session, (first, chunk)) in self.open {
-            batch.insert(&key::event_key(&session, first), chunk.finish());
-        }
-        batch
+        (batch, keys)
     }
 }
 
@@ -242,20 +356,9 @@ impl TreeBatch {
     }
 }
 
-async fn write(
-    store: &Store,
-    events: TreeBatch,
-    inflight: TreeBatch,
-    sessions: TreeBatch,
-    removes: &[SessionId],
-    flush: bool,
-) -> std::result::Result<(), String> {
-    off_worker(|| apply(store, events, inflight, sessions, removes))?;
-    if flush {
-        store.db.flush_async().await.map_err(|e| e.to_string())?;
-    }
-    Ok(())
-}
+/// Sled writes up to this many keys are applied on the worker itself: tens of microseconds,
+/// less than handing the worker's other tasks to another thread would cost.
+const INLINE_OPS: usize = 8;
 
 /// Runs synchronous sled work of a turn. Applying a full turn, or trimming a busy session, is
 /// milliseconds of CPU (sled's B-tree work costs tens of microseconds per key); done plainly on
@@ -300,19 +403,26 @@ fn publish(st: &mut LogState, ev: &Arc<Event>) {
     }
 }
 
+/// Is `log` over its count or byte bound?
+fn over_bound(store: &Store, log: &SessionLog) -> bool {
+    let st = log.lock();
+    let count = st.ranges.head + 1 - st.ranges.oldest.min(st.ranges.head + 1);
+    count > store.max_events || st.bytes > store.max_bytes
+}
+
 /// Drops the oldest events of `log` while it is over its count or byte bound. Trims to 90% of the
 /// bound so that a busy session trims in batches rather than on every append. Never trims the head.
 /// Whole chunks go; the chunk holding the new oldest event is rewritten under its new first seq,
 /// in the same sled batch, so retention is exact to the event.
 fn trim(store: &Store, log: &SessionLog) -> std::result::Result<(), String> {
+    if !over_bound(store, log) {
+        return Ok(());
+    }
     let (oldest, head, bytes) = {
         let st = log.lock();
         (st.ranges.oldest, st.ranges.head, st.bytes)
     };
     let count = head + 1 - oldest.min(head + 1);
-    if count <= store.max_events && bytes <= store.max_bytes {
-        return Ok(());
-    }
     let target_count = store.max_events - store.max_events / 10;
     let target_bytes = store.max_bytes - store.max_bytes / 10;
     let (mut n, mut b) = (count, bytes);
