@@ -92,7 +92,7 @@ pub fn run(dir: &Path, session: Option<&str>, out: &mut dyn Write) -> Result<(),
                 let Some((_, first)) = key::parse_event_key(&k) else {
                     continue;
                 };
-                let Some(chunk) = key::decode_chunk(first, Bytes::from(v.to_vec())) else {
+                let Some(chunk) = key::decode_chunk(first, Bytes::from_owner(v)) else {
                     writeln!(out, "{first}: <corrupt chunk>").map_err(w)?;
                     continue;
                 };

@@ -21,6 +21,9 @@ use crate::jsonrpc;
 use crate::log::cursor::SessionId;
 use crate::log::{Kind, Log, NewEvent, SessionLog, StreamTag};
 use crate::metrics::{EndReason, Facade, Metrics};
+/// Most upstream events queued to the log in one op.
+const PUMP_BATCH: usize = 256;
+
 use crate::upstream::{
     self, HttpClient, UpstreamItem, UpstreamLink, UpstreamReader, UpstreamSettings,
 };
@@ -253,7 +256,7 @@ impl Session {
     /// upstream stream ends or fails.
     async fn pump(self: Arc<Self>, reg: Arc<Registry>, mut reader: UpstreamReader) {
         let why = loop {
-            let item = match reader.next().await {
+            let first = match reader.next().await {
                 Ok(Some(item)) => item,
                 Ok(None) => break "stream_eof",
                 Err(e) => {
@@ -268,53 +271,22 @@ impl Session {
             if self.is_ended() {
                 return;
             }
-            let ev = match item {
-                UpstreamItem::Event(ev) => {
-                    if ev.event.as_deref().is_some_and(|t| t != "message") {
-                        reg.metrics.dropped("non_message_event");
-                        tracing::warn!(session = %self.id, event = ?ev.event, "upstream event of unknown type ignored");
-                        continue;
-                    }
-                    let (stream, kind, completes) = self.route(&ev.data, &reg.metrics);
-                    NewEvent {
-                        stream,
-                        kind,
-                        payload: ev.data,
-                        received,
-                        completes,
-                    }
+            // Every event the last read already delivered goes to the log in one op: one
+            // channel send and one writer wake-up per upstream read instead of per event.
+            let mut batch = Vec::new();
+            let mut item = Some(first);
+            while let Some(it) = item.take() {
+                if let Some(ev) = self.to_event(it, received, &reg.metrics) {
+                    batch.push(ev);
                 }
-                UpstreamItem::Oversized { len, head, tail } => {
-                    reg.metrics.upstream_error("oversized_event");
-                    reg.metrics.dropped("oversized_event");
-                    let id = jsonrpc::scan_id(&head, &tail);
-                    let inflight = id
-                        .as_ref()
-                        .and_then(|id| self.forget(id).map(|i| (id.clone(), i)));
-                    tracing::error!(session = %self.id, bytes = len, request_id = ?id, answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
-                    let Some((id, inf)) = inflight else { continue };
-                    // Answer the request it belonged to, so the client's await resolves.
-                    let body = jsonrpc::error_response(
-                        &id,
-                        jsonrpc::UNDELIVERABLE,
-                        "upstream response exceeded upstream.max_event_bytes and was dropped",
-                        serde_json::json!({"reason": "oversized_event", "bytes": len}),
-                    );
-                    let kind = if inf.stream.is_post() {
-                        Kind::Final
-                    } else {
-                        Kind::Message
-                    };
-                    NewEvent {
-                        stream: inf.stream,
-                        kind,
-                        payload: Bytes::from(body),
-                        received,
-                        completes: Some(id),
-                    }
+                if batch.len() < PUMP_BATCH {
+                    item = reader.next_buffered();
                 }
-            };
-            if let Err(e) = reg.log.append_nowait(&self.log, ev).await {
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            if let Err(e) = reg.log.append_many_nowait(&self.log, batch).await {
                 tracing::error!(session = %self.id, error = %e, "cannot log upstream event");
                 drop(_gate); // `end` takes it
                 reg.end(&self, EndReason::StoreError).await;
@@ -324,6 +296,61 @@ impl Session {
         reg.metrics.upstream_error(why);
         tracing::warn!(session = %self.id, cause = why, "upstream session lost");
         reg.end(&self, EndReason::UpstreamLost).await;
+    }
+
+    /// The log event for one upstream item, routed; `None` when it is dropped.
+    fn to_event(
+        &self,
+        item: UpstreamItem,
+        received: Instant,
+        metrics: &Metrics,
+    ) -> Option<NewEvent> {
+        match item {
+            UpstreamItem::Event(ev) => {
+                if ev.event.as_deref().is_some_and(|t| t != "message") {
+                    metrics.dropped("non_message_event");
+                    tracing::warn!(session = %self.id, event = ?ev.event, "upstream event of unknown type ignored");
+                    return None;
+                }
+                let (stream, kind, completes) = self.route(&ev.data, metrics);
+                Some(NewEvent {
+                    stream,
+                    kind,
+                    payload: ev.data,
+                    received,
+                    completes,
+                })
+            }
+            UpstreamItem::Oversized { len, head, tail } => {
+                metrics.upstream_error("oversized_event");
+                metrics.dropped("oversized_event");
+                let id = jsonrpc::scan_id(&head, &tail);
+                let inflight = id
+                    .as_ref()
+                    .and_then(|id| self.forget(id).map(|i| (id.clone(), i)));
+                tracing::error!(session = %self.id, bytes = len, request_id = ?id, answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
+                let (id, inf) = inflight?;
+                // Answer the request it belonged to, so the client's await resolves.
+                let body = jsonrpc::error_response(
+                    &id,
+                    jsonrpc::UNDELIVERABLE,
+                    "upstream response exceeded upstream.max_event_bytes and was dropped",
+                    serde_json::json!({"reason": "oversized_event", "bytes": len}),
+                );
+                let kind = if inf.stream.is_post() {
+                    Kind::Final
+                } else {
+                    Kind::Message
+                };
+                Some(NewEvent {
+                    stream: inf.stream,
+                    kind,
+                    payload: Bytes::from(body),
+                    received,
+                    completes: Some(id),
+                })
+            }
+        }
     }
 }
 

@@ -99,18 +99,25 @@ impl std::fmt::Debug for UpstreamReader {
 }
 
 impl UpstreamReader {
+    /// The next item already received, if a whole one is buffered (no I/O).
+    pub fn next_buffered(&mut self) -> Option<UpstreamItem> {
+        match self.decoder.decode(&mut self.buf) {
+            Ok(Some(ev)) => Some(UpstreamItem::Event(ev)),
+            Ok(None) => None,
+            Err(sse::DecodeError::EventTooLarge { len, head, tail }) => {
+                Some(UpstreamItem::Oversized { len, head, tail })
+            }
+        }
+    }
+
     /// The next item; `Ok(None)` at a clean end of stream.
     ///
     /// # Errors
     /// [`Error::Upstream`] when the stream fails mid-way.
     pub async fn next(&mut self) -> Result<Option<UpstreamItem>> {
         loop {
-            match self.decoder.decode(&mut self.buf) {
-                Ok(Some(ev)) => return Ok(Some(UpstreamItem::Event(ev))),
-                Ok(None) => {}
-                Err(sse::DecodeError::EventTooLarge { len, head, tail }) => {
-                    return Ok(Some(UpstreamItem::Oversized { len, head, tail }))
-                }
+            if let Some(item) = self.next_buffered() {
+                return Ok(Some(item));
             }
             match self.body.frame().await {
                 None => return Ok(None),

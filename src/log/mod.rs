@@ -249,6 +249,10 @@ pub(crate) enum Op {
         ev: NewEvent,
         done: Option<oneshot::Sender<Result<u64>>>,
     },
+    AppendMany {
+        log: Arc<SessionLog>,
+        evs: Vec<NewEvent>,
+    },
     Inflight {
         session: SessionId,
         request_id: String,
@@ -606,6 +610,18 @@ impl Log {
         .await
     }
 
+    /// Queues consecutive events of one session as one op (see [`Log::append_nowait`]).
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the writer has stopped.
+    pub async fn append_many_nowait(&self, sl: &Arc<SessionLog>, evs: Vec<NewEvent>) -> Result<()> {
+        self.send(Op::AppendMany {
+            log: sl.clone(),
+            evs,
+        })
+        .await
+    }
+
     /// Appends and waits until the event is durable and published; returns its seq.
     ///
     /// # Errors
@@ -791,7 +807,7 @@ impl Log {
             let Some((_, first)) = key::parse_event_key(&k) else {
                 continue;
             };
-            let Some(evs) = key::decode_chunk(first, Bytes::from(v.to_vec())) else {
+            let Some(evs) = key::decode_chunk(first, Bytes::from_owner(v)) else {
                 return Err(Error::Store(format!("corrupt chunk {}:{first}", sl.id)));
             };
             for ev in evs {

@@ -121,27 +121,12 @@ fn write_turn(store: &Arc<Store>, ops: &mut Vec<Op>) -> Turn {
     for op in ops.drain(..) {
         match op {
             Op::Append { log, ev, done } => {
-                let (seq, epoch) = {
-                    let mut st = log.lock();
-                    st.assigned += 1;
-                    (st.assigned, st.ranges.current_epoch())
-                };
-                chunks.push(&log.id, seq, epoch, &ev);
-                if let Some(req) = &ev.completes {
-                    inflight.remove(key::inflight_key(&log.id, req));
+                add_event(&mut chunks, &mut inflight, &mut pending, &log, ev, done);
+            }
+            Op::AppendMany { log, evs } => {
+                for ev in evs {
+                    add_event(&mut chunks, &mut inflight, &mut pending, &log, ev, None);
                 }
-                pending.push(Pending {
-                    event: Arc::new(Event {
-                        seq,
-                        epoch,
-                        stream: ev.stream,
-                        kind: ev.kind,
-                        payload: ev.payload,
-                    }),
-                    log,
-                    received: ev.received,
-                    done,
-                });
             }
             Op::Inflight {
                 session,
@@ -210,6 +195,38 @@ fn write_turn(store: &Arc<Store>, ops: &mut Vec<Op>) -> Turn {
         keys,
         durable,
     }
+}
+
+/// Assigns the next seq of `log` to `ev` and adds it to the turn.
+fn add_event(
+    chunks: &mut Chunks,
+    inflight: &mut TreeBatch,
+    pending: &mut Vec<Pending>,
+    log: &Arc<SessionLog>,
+    ev: super::NewEvent,
+    done: Ack,
+) {
+    let (seq, epoch) = {
+        let mut st = log.lock();
+        st.assigned += 1;
+        (st.assigned, st.ranges.current_epoch())
+    };
+    chunks.push(&log.id, seq, epoch, &ev);
+    if let Some(req) = &ev.completes {
+        inflight.remove(key::inflight_key(&log.id, req));
+    }
+    pending.push(Pending {
+        event: Arc::new(Event {
+            seq,
+            epoch,
+            stream: ev.stream,
+            kind: ev.kind,
+            payload: ev.payload,
+        }),
+        log: log.clone(),
+        received: ev.received,
+        done,
+    });
 }
 
 /// The front turn failed: it and every later turn (written after it, so not provable either)
@@ -436,7 +453,7 @@ fn trim(store: &Store, log: &SessionLog) -> std::result::Result<(), String> {
         let Some((_, first)) = key::parse_event_key(&k) else {
             continue;
         };
-        let Some(evs) = key::decode_chunk(first, bytes::Bytes::from(v.to_vec())) else {
+        let Some(evs) = key::decode_chunk(first, bytes::Bytes::from_owner(v)) else {
             return Err(format!("corrupt chunk {}:{first}", log.id));
         };
         for (i, ev) in evs.iter().enumerate() {
