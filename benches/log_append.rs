@@ -11,9 +11,9 @@
 //! is the default (10,000 events per session), so steady-state trimming is included.
 //!
 //! `sled_floor/*` is sled alone, without the proxy's writer, for the same 256-byte events in
-//! batches of 1,024: one key per event (the log's layout) against one key per 64 consecutive
-//! events of a session (values concatenated). It shows how much of the append cost is sled's
-//! per-key work, which is what a packed layout would save.
+//! batches of 1,024: one key per event (the log's first layout) against one key per 64
+//! consecutive events of a session (values concatenated, as the log's chunks now store them). It
+//! shows how much of the append cost is sled's per-key work, which chunking saves.
 //!
 //! Run: `cargo bench --bench log_append` (about a minute and a half).
 
