@@ -290,6 +290,9 @@ pub(crate) struct Store {
     max_bytes: u64,
     total_bytes: AtomicU64,
     metrics: Metrics,
+    /// Unit tests: turns still to fail (see the writer).
+    #[cfg(test)]
+    fail_turns: std::sync::atomic::AtomicU32,
 }
 
 /// What recovery found and did.
@@ -350,6 +353,8 @@ impl Log {
             max_bytes: cfg.max_bytes_per_session,
             total_bytes: AtomicU64::new(0),
             metrics,
+            #[cfg(test)]
+            fail_turns: std::sync::atomic::AtomicU32::new(0),
         });
         store.metrics.log_max_bytes.set(cfg.max_total_bytes as i64);
         let clean = store
@@ -897,6 +902,11 @@ impl Log {
 
 #[cfg(test)]
 impl Log {
+    /// Makes the writer's next `n` turns fail after applying their writes.
+    pub(crate) fn fail_next_turns(&self, n: u32) {
+        self.store.fail_turns.store(n, Ordering::SeqCst);
+    }
+
     /// Simulates a crash: the writer stops without marking the log clean.
     pub(crate) async fn crash(self: Arc<Self>) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();

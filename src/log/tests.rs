@@ -394,3 +394,58 @@ async fn reads_racing_trims_are_contiguous_or_report_the_trim() {
     assert!(reads > 100, "the reader ran: {reads} reads, {gaps} trimmed");
     log.close().await.unwrap();
 }
+
+/// A turn that fails after its chunks were applied (injected: sled cannot be made to fail on
+/// demand) rejects its appends and rolls their seqs back; the next appends reuse those seqs, and
+/// nothing of the failed turn is ever read, before or after a restart.
+#[tokio::test]
+async fn a_failed_turn_leaves_no_hole_and_no_stale_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = cfg(dir.path(), Durability::Fsync);
+    let (log, _) = open(&c).await;
+    let id = SessionId::random();
+    let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+    for i in 1..=10 {
+        log.append(&sl, msg(i)).await.unwrap();
+    }
+    // One op of 300 events, so one turn (two chunks: 11..=266 and 267..=310), fails after being
+    // applied. (The flush may share its turn and fail with it, or come after.)
+    log.fail_next_turns(1);
+    let evs: Vec<NewEvent> = (0..300).map(|i| msg(9000 + i)).collect();
+    log.append_many_nowait(&sl, evs).await.unwrap();
+    let _ = log.flush().await;
+    log.flush().await.unwrap();
+    assert_eq!(sl.head(), 10);
+    assert_eq!(
+        log.total_bytes(),
+        (1..=10).map(|i| msg(i).payload.len() as u64).sum::<u64>()
+    );
+    // The seqs are reused, in a different chunking (one chunk 11..=30), and the old chunk at 267
+    // must not resurface once the head passes it.
+    for i in 11..=30 {
+        log.append_nowait(&sl, msg(i)).await.unwrap();
+    }
+    log.flush().await.unwrap();
+    // 31..=286 and 287..=400: no new chunk starts at 267, where the failed turn's second one did.
+    let evs: Vec<NewEvent> = (31..=400).map(msg).collect();
+    log.append_many_nowait(&sl, evs).await.unwrap();
+    log.flush().await.unwrap();
+    let check = |log: &Log, sl: &SessionLog| {
+        let evs = log.read_after(sl, 0, 10_000).unwrap();
+        let got: Vec<(u64, u64)> = evs
+            .iter()
+            .filter(|e| e.kind == Kind::Message)
+            .map(|e| (e.seq, msg_i(&e.payload)))
+            .collect();
+        assert_eq!(got, (1..=400).map(|i| (i, i)).collect::<Vec<_>>());
+    };
+    check(&log, &sl);
+    log.close().await.unwrap();
+    drop((log, sl));
+    let (log, rec) = open(&c).await;
+    assert_eq!(rec.events, 400);
+    let sl = log.get(&id).unwrap();
+    assert_eq!(sl.ranges().head, 401, "400 events and the end marker");
+    check(&log, &sl);
+    log.close().await.unwrap();
+}

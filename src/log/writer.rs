@@ -175,6 +175,16 @@ fn write_turn(store: &Arc<Store>, ops: &mut Vec<Op>) -> Turn {
     } else {
         off_worker(|| apply(store, events, inflight, sessions, &removes))
     };
+    // Write failures on demand for unit tests: a full disk or an I/O error is not something a
+    // test can make sled produce. The turn fails after it was applied — the worst case: its
+    // chunks are in the tree but not durable.
+    #[cfg(test)]
+    let applied = applied.and_then(|()| {
+        let fail = store
+            .fail_turns
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        fail.map_or(Ok(()), |_| Err("injected write failure".to_string()))
+    });
     let durable = match applied {
         Ok(()) if flush => {
             let store = store.clone();
