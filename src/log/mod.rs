@@ -1,7 +1,7 @@
 //! [5] The event log: every upstream event is appended here, with a stable id, before any client
 //! sees it (I1), and every client stream is a cursor reading it.
 //!
-//! One writer task ([`writer`]) owns all writes: appends arrive over a bounded channel, are written
+//! One writer ([`writer`], on its own thread) owns all writes: appends arrive over a bounded channel, are written
 //! as one sled batch, flushed once (`durability = "fsync"`), and only then published — the per-session
 //! head moves (a `watch`), recent events enter a small in-memory window, and readers wake. Readers
 //! never see an unpublished event, so replay and live delivery are the same read.
@@ -317,7 +317,7 @@ pub struct Log {
     store: Arc<Store>,
     tx: mpsc::Sender<Op>,
     logs: Mutex<HashMap<SessionId, Arc<SessionLog>>>,
-    writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    writer: Mutex<Option<writer::Handle>>,
 }
 
 impl std::fmt::Debug for Log {
@@ -330,18 +330,41 @@ fn store_err(e: sled::Error) -> Error {
     Error::Store(e.to_string())
 }
 
+/// How long [`open_db`] waits for another holder of the data directory to let go.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Opens sled on `cfg.dir`. The directory's lock file is released only when the last thread of the
+/// previous holder in this process lets go of it — sled's own pool can outlive a handle by a few
+/// milliseconds after a flush — and a replacement process may start while the old one is still
+/// exiting; so a held lock is retried for up to [`LOCK_WAIT`] before it is an error.
+async fn open_db(cfg: &LogConfig) -> Result<sled::Db> {
+    let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+    loop {
+        let opened = sled::Config::new()
+            .path(&cfg.dir)
+            .cache_capacity(64 * 1024 * 1024)
+            .flush_every_ms(Some(200))
+            .open();
+        match opened {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(dir = %cfg.dir.display(), "log directory is locked; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+            other => return other.map_err(store_err),
+        }
+    }
+}
+
 impl Log {
     /// Opens (or creates) the log in `cfg.dir`, spawns the writer and recovers.
     ///
     /// # Errors
     /// [`Error::Store`] when the directory cannot be opened or read.
     pub async fn open(cfg: &LogConfig, metrics: Metrics) -> Result<(Arc<Log>, Recovery)> {
-        let db = sled::Config::new()
-            .path(&cfg.dir)
-            .cache_capacity(64 * 1024 * 1024)
-            .flush_every_ms(Some(200))
-            .open()
-            .map_err(store_err)?;
+        let db = open_db(cfg).await?;
         let store = Arc::new(Store {
             events: db.open_tree("events").map_err(store_err)?,
             sessions: db.open_tree("sessions").map_err(store_err)?,
@@ -383,7 +406,7 @@ impl Log {
         store.db.flush_async().await.map_err(store_err)?;
 
         let (tx, rx) = mpsc::channel(4096);
-        let writer = tokio::spawn(writer::run(store.clone(), rx));
+        let writer = writer::spawn(store.clone(), rx)?;
         let log = Arc::new(Log {
             store,
             tx,
@@ -893,8 +916,7 @@ impl Log {
         if let Some(w) = writer {
             // Everything is flushed; stop the writer and wait, so the store is released when
             // the last handle goes (a restart in the same process can reopen it).
-            w.abort();
-            let _ = w.await;
+            w.stop().await;
         }
         Ok(())
     }
@@ -911,8 +933,7 @@ impl Log {
     pub(crate) async fn crash(self: Arc<Self>) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = writer {
-            w.abort();
-            let _ = w.await;
+            w.stop().await;
         }
     }
 }

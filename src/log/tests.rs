@@ -298,12 +298,11 @@ async fn chunked_turns_trim_exactly_and_read_back_from_every_cursor() {
     let (log, _) = open(&c).await;
     let id = SessionId::random();
     let sl = log.create(id, Facade::Legacy, None).await.unwrap();
-    // On this single-threaded runtime the writer only runs at the flush: all 1000 appends are one
-    // turn, stored as chunks of up to 256 events. Trimming to 90% of 300 keeps 731..=1000, which
-    // starts inside the third chunk (513..=768): that chunk is rewritten from 731 on.
-    for i in 1..=1000 {
-        log.append_nowait(&sl, msg(i)).await.unwrap();
-    }
+    // One op, so one turn, stored as chunks of up to 256 events. Trimming to 90% of 300 keeps
+    // 731..=1000, which starts inside the third chunk (513..=768): that chunk is rewritten from
+    // 731 on.
+    let evs: Vec<NewEvent> = (1..=1000).map(msg).collect();
+    log.append_many_nowait(&sl, evs).await.unwrap();
     log.flush().await.unwrap();
     let r = sl.ranges();
     assert_eq!((r.oldest, r.head), (731, 1000));

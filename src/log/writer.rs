@@ -68,14 +68,54 @@ impl Durable {
     }
 }
 
-/// Runs until every sender is dropped and every turn is published.
-pub(crate) async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Op>) {
+/// The writer's thread. The writer runs on a thread of its own (with a single-threaded runtime)
+/// rather than as a task of the proxy's runtime: its sled work is CPU-bound, and on a runtime
+/// worker it would either stall the client streams and upstream readers queued behind it or pay
+/// a `block_in_place` hand-off per turn; and its turns do not wait in a worker's queue behind
+/// hundreds of stream tasks.
+pub(crate) struct Handle {
+    stop: oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Handle {
+    /// Stops the writer where it is (what is not yet published is dropped, as in a crash) and
+    /// waits for its thread, which releases its handle on the store.
+    pub(crate) async fn stop(self) {
+        let _ = self.stop.send(());
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+}
+
+/// Starts the writer thread.
+pub(crate) fn spawn(store: Arc<Store>, rx: mpsc::Receiver<Op>) -> Result<Handle> {
+    let (stop, stopped) = oneshot::channel();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Store(format!("log writer runtime: {e}")))?;
+    let thread = std::thread::Builder::new()
+        .name("log-writer".into())
+        .spawn(move || rt.block_on(run(store, rx, stopped)))
+        .map_err(|e| Error::Store(format!("log writer thread: {e}")))?;
+    Ok(Handle { stop, thread })
+}
+
+/// Runs until every sender is dropped and every turn is published, or until stopped.
+async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Op>, mut stopped: oneshot::Receiver<()>) {
     let mut ops = Vec::with_capacity(MAX_BATCH);
     let mut queue: VecDeque<Turn> = VecDeque::with_capacity(PIPELINE);
     let mut open = true;
+    // A dropped handle (the log dropped without `close`) is not a stop: drain as usual.
+    let mut stoppable = true;
     while open || !queue.is_empty() {
         tokio::select! {
             biased;
+            r = &mut stopped, if stoppable => match r {
+                Ok(()) => return,
+                Err(_) => stoppable = false,
+            },
             r = wait_front(&mut queue), if !queue.is_empty() => {
                 match r {
                     Ok(()) => {
@@ -170,11 +210,8 @@ fn write_turn(store: &Arc<Store>, ops: &mut Vec<Op>) -> Turn {
 
     let flush = must_flush || store.durability == Durability::Fsync;
     let (events, keys) = chunks.into_batch();
-    let applied = if events.len + inflight.len + sessions.len + removes.len() <= INLINE_OPS {
-        apply(store, events, inflight, sessions, &removes)
-    } else {
-        off_worker(|| apply(store, events, inflight, sessions, &removes))
-    };
+    // Synchronous sled work, on the writer's own thread: tens of microseconds per key.
+    let applied = apply(store, events, inflight, sessions, &removes);
     // Write failures on demand for unit tests: a full disk or an I/O error is not something a
     // test can make sled produce. The turn fails after it was applied — the worst case: its
     // chunks are in the tree but not durable.
@@ -275,6 +312,8 @@ fn fail_all(store: &Store, queue: &mut VecDeque<Turn>, e: &str) {
 fn publish_turn(store: &Store, turn: Turn) {
     let metrics = &store.metrics;
     let mut touched: HashMap<SessionId, Arc<SessionLog>> = HashMap::new();
+    // Appenders hear back after retention is applied, like readers.
+    let mut acks = Vec::new();
     for p in turn.pending {
         {
             let mut st = p.log.lock();
@@ -288,21 +327,17 @@ fn publish_turn(store: &Store, turn: Turn) {
             .total_bytes
             .fetch_add(p.event.payload.len() as u64, Ordering::Relaxed);
         if let Some(d) = p.done {
-            let _ = d.send(Ok(p.event.seq));
+            acks.push((d, p.event.seq));
         }
         touched.entry(p.log.id).or_insert(p.log);
     }
     // Trim before waking readers, so nobody observes a head beyond the retention bound. Most
     // turns trim nothing; the check is cheap, the trim itself is sled work.
     let over: Vec<&Arc<SessionLog>> = touched.values().filter(|l| over_bound(store, l)).collect();
-    if !over.is_empty() {
-        off_worker(|| {
-            for log in over {
-                if let Err(e) = trim(store, log) {
-                    tracing::error!(session = %log.id, error = %e, "trim failed");
-                }
-            }
-        });
+    for log in over {
+        if let Err(e) = trim(store, log) {
+            tracing::error!(session = %log.id, error = %e, "trim failed");
+        }
     }
     for log in touched.values() {
         let head = log.lock().ranges.head;
@@ -311,6 +346,9 @@ fn publish_turn(store: &Store, turn: Turn) {
     metrics
         .log_bytes
         .set(store.total_bytes.load(Ordering::Relaxed) as i64);
+    for (d, seq) in acks {
+        let _ = d.send(Ok(seq));
+    }
     for a in turn.acks {
         let _ = a.send(Ok(0));
     }
@@ -380,23 +418,6 @@ impl TreeBatch {
             return Ok(());
         }
         tree.apply_batch(self.batch)
-    }
-}
-
-/// Sled writes up to this many keys are applied on the worker itself: tens of microseconds,
-/// less than handing the worker's other tasks to another thread would cost.
-const INLINE_OPS: usize = 8;
-
-/// Runs synchronous sled work of a turn. Applying a full turn, or trimming a busy session, is
-/// milliseconds of CPU (sled's B-tree work costs tens of microseconds per key); done plainly on
-/// a worker thread it would stall every task queued there — client streams, upstream readers —
-/// and in relaxed mode, where no fsync wait yields, turn after turn. On the multi-threaded
-/// runtime `block_in_place` runs it here at once while the runtime hands this worker's other
-/// tasks to another thread. A current-thread runtime (unit tests) runs it inline.
-fn off_worker<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
     }
 }
 
