@@ -5,8 +5,6 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
@@ -15,35 +13,8 @@ use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-async fn start_in_process(
-    upstream: &str,
-    dir: &Path,
-    f: impl FnOnce(&mut mcp_resume_proxy::config::Config),
-) -> mcp_resume_proxy::app::Running {
-    let mut cfg = config(upstream, dir);
-    f(&mut cfg);
-    mcp_resume_proxy::app::start(cfg)
-        .await
-        .expect("proxy starts")
-}
-
-fn is_progress(m: &Value) -> bool {
-    m["method"] == "notifications/progress"
-}
-
 fn epoch_of(id: &str) -> u32 {
     id.split(':').nth(1).unwrap().parse().unwrap()
-}
-
-/// Every remaining `message` event of a stream, as (id, JSON), until the stream ends.
-async fn rest_of_stream(sse: &mut Sse) -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    while let Some(ev) = sse.next().await {
-        assert_eq!(ev.event.as_deref(), Some("message"), "{ev:?}");
-        let id = ev.id.clone().expect("logged events carry an id");
-        out.push((id, serde_json::from_slice(&ev.data).expect("JSON data")));
-    }
-    out
 }
 
 /// A legacy resume that must be served: checks the `endpoint` event names `session`.
@@ -99,22 +70,6 @@ async fn stop_cleanly(proxy: &mut ProxyProc) {
         assert!(tokio::time::Instant::now() < deadline, "proxy did not exit");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// `mcp-resume-proxy inspect --data-dir DIR [SESSION]` (no proxy may hold the dir).
-fn inspect(dir: &Path, session: Option<&str>) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"));
-    cmd.arg("inspect").arg("--data-dir").arg(dir);
-    if let Some(s) = session {
-        cmd.arg(s);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "inspect failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 /// FastMCP's `tick` emits, per step i, `notifications/progress` (i) then `notifications/message`
@@ -535,7 +490,7 @@ async fn client_that_never_reads_blocks_nothing_and_memory_stays_bounded() {
         }
     });
 
-    let (stalled, path_a) = open_never_reading(proxy.proc.port).await;
+    let (stalled, path_a) = open_never_reading(proxy.port).await;
     let session_a = path_a.rsplit('=').next().unwrap().to_string();
     let emit = call(
         1,

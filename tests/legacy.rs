@@ -9,20 +9,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use support::*;
 
-async fn start(
-    upstream: &str,
-    dir: &std::path::Path,
-    f: impl FnOnce(&mut mcp_resume_proxy::config::Config),
-) -> mcp_resume_proxy::app::Running {
-    let mut cfg = config(upstream, dir);
-    f(&mut cfg);
-    mcp_resume_proxy::app::start(cfg)
-        .await
-        .expect("proxy starts")
-}
-
 fn run_py(script: &str, args: &[String]) -> Value {
-    let (py, _) = require_peers();
+    let py = require_peers();
     let out = Command::new(py)
         .arg(repo().join("tests/peers").join(script))
         .args(args)
@@ -41,7 +29,7 @@ fn run_py(script: &str, args: &[String]) -> Value {
 async fn python_sse_client_full_session_through_proxy_to_fastmcp() {
     let up = fastmcp().await;
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |_| {}).await;
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
     let url = format!("http://{}/sse", p.addr);
     let out = tokio::task::spawn_blocking(move || {
         run_py(
@@ -83,7 +71,7 @@ async fn python_sse_client_full_session_through_proxy_to_fastmcp() {
 async fn python_sse_client_full_session_through_proxy_to_server_everything() {
     let up = everything().await;
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |_| {}).await;
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
     let url = format!("http://{}/sse", p.addr);
     let out = tokio::task::spawn_blocking(move || run_py("everything_session.py", &[url]))
         .await
@@ -127,16 +115,12 @@ async fn until_response(sse: &mut Sse, id: u64) -> Vec<(String, Value)> {
     }
 }
 
-fn is_progress(m: &Value) -> bool {
-    m["method"] == "notifications/progress"
-}
-
 /// Disconnect in the middle of a tool call and resume with `Last-Event-ID`: the second connection
 /// gets exactly the events the first missed — nothing missing, duplicated or reordered — and the
 /// session (and its upstream link) is the same one.
-async fn resume_mid_call(up: &Proc, tool: &str, args: Value, steps: usize, expect_logs: bool) {
+async fn resume_mid_call(up: &Upstream, tool: &str, args: Value, steps: usize, expect_logs: bool) {
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |_| {}).await;
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
     let base = format!("http://{}", p.addr);
     let (mut sse, url, first_id) = legacy_session(&base).await;
     let session = first_id.split(':').next().unwrap().to_string();
@@ -252,7 +236,7 @@ async fn refusal(base: &str, lei: &str) -> (u16, Value) {
 async fn every_refusal_has_its_status_body_and_counter() {
     let up = fastmcp().await;
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |c| {
+    let p = start_in_process(&up.sse_url(), dir.path(), |c| {
         c.log.max_events_per_session = 10
     })
     .await;
@@ -360,7 +344,7 @@ async fn every_refusal_has_its_status_body_and_counter() {
 async fn resume_of_a_live_stream_takes_it_over() {
     let up = fastmcp().await;
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |_| {}).await;
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
     let base = format!("http://{}", p.addr);
     let (mut old, url, first) = legacy_session(&base).await;
     let (mut new, err) = Sse::get(&format!("{base}/sse"), &[("last-event-id", &first)]).await;
@@ -384,7 +368,7 @@ async fn resume_of_a_live_stream_takes_it_over() {
 async fn upstream_killed_mid_call_aborts_inflight_and_ends_session() {
     let mut up = fastmcp().await;
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |_| {}).await;
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
     let base = format!("http://{}", p.addr);
     let admin = format!("http://{}/metrics", p.admin_addr);
     let (mut sse, url, first) = legacy_session(&base).await;
@@ -406,7 +390,7 @@ async fn upstream_killed_mid_call_aborts_inflight_and_ends_session() {
     {
         live.push(sse.message().await);
     }
-    up.kill(); // SIGKILL: the upstream session dies mid-call
+    up.proc.kill(); // SIGKILL: the upstream session dies mid-call
     let rest = until_response(&mut sse, 2).await;
     let abort = &rest.last().unwrap().1;
     assert_eq!(abort["error"]["code"], -32091, "{abort}");
@@ -461,7 +445,7 @@ async fn upstream_killed_mid_call_aborts_inflight_and_ends_session() {
 async fn post_to_sse_path_is_405_and_bad_posts_are_explained() {
     let up = fastmcp().await;
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |_| {}).await;
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
     let base = format!("http://{}", p.addr);
     let (s, _) = post(&format!("{base}/sse"), &initialize(1)).await;
     assert_eq!(s, 405);
@@ -499,7 +483,7 @@ async fn log_size_bound_evicts_ended_sessions_then_refuses_new_ones() {
     use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
     let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |c| {
+    let p = start_in_process(&up.sse_url(), dir.path(), |c| {
         c.log.max_bytes_per_session = 48 * 1024;
         c.log.max_total_bytes = 48 * 1024;
     })
@@ -555,7 +539,7 @@ async fn client_disconnect_keeps_upstream_open_until_idle_ttl() {
     use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
     let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |c| c.sessions.idle_ttl_secs = 2).await;
+    let p = start_in_process(&up.sse_url(), dir.path(), |c| c.sessions.idle_ttl_secs = 2).await;
     let base = format!("http://{}", p.addr);
     let admin = format!("http://{}/metrics", p.admin_addr);
     let (sse, _url, first) = legacy_session(&base).await;
@@ -606,11 +590,11 @@ async fn eventsource_reconnects_into_the_same_session_without_loss() {
     use std::io::BufRead;
     let up = fastmcp().await;
     let dir = tempfile::tempdir().unwrap();
-    let p = start(&up.sse_url(), dir.path(), |_| {}).await;
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
     let relay = Relay::start(p.addr).await;
     let mut child = Command::new("node")
         .arg(repo().join("tests/peers/eventsource_client.mjs"))
-        .arg(format!("http://127.0.0.1:{}/sse", relay.port))
+        .arg(format!("http://{}/sse", relay.addr))
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("node");
@@ -658,7 +642,7 @@ async fn eventsource_reconnects_into_the_same_session_without_loss() {
             let done = msg["id"] == 2;
             messages.push((ev["id"].as_str().unwrap().to_string(), msg));
             if messages.iter().filter(|(_, m)| is_progress(m)).count() == 2 && opens == 1 {
-                relay.cut_all(); // the network drops the connection mid-call
+                relay.sever(); // the network drops the connection mid-call
             }
             if done {
                 break;

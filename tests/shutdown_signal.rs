@@ -4,29 +4,12 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::*;
 
 const GRACE_SECS: u64 = 5;
-
-fn is_progress(m: &Value) -> bool {
-    m["method"] == "notifications/progress"
-}
-
-/// Every remaining `message` event of a stream, as (id, JSON), until the stream ends.
-async fn rest_of_stream(sse: &mut Sse) -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    while let Some(ev) = sse.next().await {
-        assert_eq!(ev.event.as_deref(), Some("message"), "{ev:?}");
-        let id = ev.id.clone().expect("logged events carry an id");
-        out.push((id, serde_json::from_slice(&ev.data).expect("JSON data")));
-    }
-    out
-}
 
 /// Sends SIGTERM; returns the deadline for the exit: the grace period plus a little for the
 /// process to tear down.
@@ -48,21 +31,6 @@ async fn wait_exit(proxy: &mut ProxyProc, deadline: tokio::time::Instant) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-fn inspect(dir: &Path, session: Option<&str>) -> String {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"));
-    cmd.arg("inspect").arg("--data-dir").arg(dir);
-    if let Some(s) = session {
-        cmd.arg(s);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "inspect failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,10 +6,11 @@
 //!
 //! Run: `cargo test --test streamable_raw` (after `scripts/install-peers`).
 
-mod streamable_common;
+mod support;
 
 use serde_json::{json, Value};
-use streamable_common::*;
+use support::streamable::*;
+use support::*;
 
 /// One test per upstream.
 macro_rules! both {
@@ -192,7 +193,7 @@ async fn cross_stream_isolation_on_resume(kind: Kind) {
     // The standalone stream carries the rest, and nothing of A's or B's.
     standalone_event(kind, &mut c).await;
     let mut g_all = g
-        .until(|e| is_log(e) && kind == Kind::Everything || e.data.contains("burst 1"))
+        .until(|e| is_log(e) && kind == Kind::Everything || e.text().contains("burst 1"))
         .await;
     assert_eq!(c.delete().await.status, 200);
     g_all.extend(g.rest().await);

@@ -9,22 +9,15 @@
 //!
 //! Run: `cargo test --test streamable_sdk` (after `scripts/install-peers`).
 
-mod streamable_common;
+mod support;
 
 use serde_json::Value;
-use streamable_common::*;
+use support::streamable::*;
+use support::*;
 
 fn parse(line: &str) -> Value {
     serde_json::from_str(line)
         .unwrap_or_else(|e| panic!("peer printed a non-JSON line ({e}): {line}"))
-}
-
-fn seq_of(token: &str) -> u64 {
-    token
-        .rsplit(':')
-        .next()
-        .and_then(|s| s.parse().ok())
-        .expect("token seq")
 }
 
 async fn ts_cut_mid_call(kind: Kind) {

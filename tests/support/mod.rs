@@ -1,21 +1,33 @@
-//! Shared integration-test helpers: real peers (installed by `scripts/install-peers`), the proxy
-//! (in-process or as its binary), and a small SSE client over real loopback sockets.
+//! The integration tests' harness: the real peers (installed by `scripts/install-peers`), child
+//! processes killed on drop, the proxy binary, an HTTP/SSE client over real loopback sockets, and
+//! a TCP relay whose connections a test can sever. What only the Streamable HTTP tests use (the
+//! proxy in-process, sessions driven by hand, the SDK client peers) is in [`streamable`].
+//!
+//! Everything runs on 127.0.0.1, on port 0 or on ports below 32768. A missing peer fails the test
+//! with a message naming `scripts/install-peers`; nothing is ever skipped.
 #![allow(dead_code)]
 
-use std::net::TcpListener as StdListener;
+pub mod streamable;
+
+use std::io::BufRead;
+use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use http::HeaderMap;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use mcp_resume_proxy::config::{Config, Durability};
-use mcp_resume_proxy::sse::{Decoder, Event};
+use mcp_resume_proxy::sse::Decoder;
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 /// Generous bound for anything a test waits for; a hang fails instead of blocking CI.
 pub const WAIT: Duration = Duration::from_secs(30);
@@ -24,20 +36,51 @@ pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Fails (never skips) when the peers are not installed.
-pub fn require_peers() -> (PathBuf, PathBuf) {
-    let py = repo().join("tests/peers/.venv/bin/python");
-    let node = repo().join("tests/peers/node/node_modules/@modelcontextprotocol/server-everything");
-    assert!(
-        py.exists() && node.exists(),
-        "real MCP peers are missing: run scripts/install-peers (expected {} and {})",
-        py.display(),
-        node.display()
-    );
-    (py, node)
+// ---------------------------------------------------------------------------------------------
+// Peers: fail (never skip) when they are not installed
+
+pub fn peers_dir() -> PathBuf {
+    repo().join("tests/peers")
 }
 
+fn require(path: PathBuf, what: &str) -> PathBuf {
+    assert!(
+        path.exists(),
+        "test peer missing: {what} ({}) — run scripts/install-peers",
+        path.display()
+    );
+    path
+}
+
+pub fn python() -> PathBuf {
+    require(
+        peers_dir().join(".venv/bin/python"),
+        "Python venv with mcp==1.30.0",
+    )
+}
+
+pub fn node_modules() -> PathBuf {
+    require(
+        peers_dir().join("node/node_modules/@modelcontextprotocol/sdk/package.json"),
+        "@modelcontextprotocol/sdk in tests/peers/node/node_modules",
+    );
+    require(
+        peers_dir().join("node/node_modules/.bin/mcp-server-everything"),
+        "@modelcontextprotocol/server-everything in tests/peers/node/node_modules",
+    )
+}
+
+/// Checks both peer installs (Python venv and node_modules); returns the venv's python.
+pub fn require_peers() -> PathBuf {
+    let _ = node_modules();
+    python()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ports
+
 /// A free loopback port below 32768 (tests never use the ephemeral range for fixed ports).
+/// Successive calls in one process never return the same port (until the range wraps).
 pub fn port() -> u16 {
     static NEXT: AtomicU16 = AtomicU16::new(0);
     let _ = NEXT.compare_exchange(
@@ -58,10 +101,7 @@ pub fn port() -> u16 {
 /// Waits until something accepts on `port`.
 pub async fn wait_port(port: u16) {
     let deadline = tokio::time::Instant::now() + WAIT;
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
+    while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
         assert!(
             tokio::time::Instant::now() < deadline,
             "nothing listens on {port}"
@@ -70,20 +110,87 @@ pub async fn wait_port(port: u16) {
     }
 }
 
-/// A child process killed on drop.
+// ---------------------------------------------------------------------------------------------
+// Child processes
+
+/// A child process killed (and reaped) on drop, with its stdout as a channel of lines.
 pub struct Proc {
+    pub name: String,
     pub child: Child,
-    pub port: u16,
+    pub lines: mpsc::Receiver<String>,
 }
 
 impl Proc {
+    /// Spawns `cmd` with stdout piped into [`Proc::line`], stderr inherited and no stdin.
+    pub fn spawn(name: &str, mut cmd: Command) -> Proc {
+        cmd.stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .stdin(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot spawn {name}: {e} — run scripts/install-peers"));
+        let out = child.stdout.take().expect("stdout piped");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                match line {
+                    Ok(l) => {
+                        if tx.send(l).is_err() {
+                            return;
+                        }
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+        Proc {
+            name: name.to_string(),
+            child,
+            lines: rx,
+        }
+    }
+
+    /// The next stdout line, or `None` when the process closed stdout (exited).
+    pub fn line(&self, timeout: Duration) -> Option<String> {
+        match self.lines.recv_timeout(timeout) {
+            Ok(l) => Some(l),
+            Err(mpsc::RecvTimeoutError::Disconnected) => None,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                panic!("{}: no output within {timeout:?}", self.name)
+            }
+        }
+    }
+
+    /// The next stdout line, without blocking the runtime.
+    pub async fn line_async(&self) -> Option<String> {
+        // `Receiver` is not Sync; poll it with short sleeps in between.
+        loop {
+            match self.lines.try_recv() {
+                Ok(l) => return Some(l),
+                Err(mpsc::TryRecvError::Disconnected) => return None,
+                Err(mpsc::TryRecvError::Empty) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+            }
+        }
+    }
+
+    /// Waits for exit; returns the status code.
+    pub fn wait(&mut self) -> Option<i32> {
+        self.child.wait().ok().and_then(|s| s.code())
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
+
+    /// SIGKILL, then reap.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+
+    /// Sends signal `sig` (e.g. `"TERM"`).
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
             .arg(format!("-{sig}"))
@@ -91,9 +198,6 @@ impl Proc {
             .status()
             .unwrap();
         assert!(ok.success());
-    }
-    pub fn sse_url(&self) -> String {
-        format!("http://127.0.0.1:{}/sse", self.port)
     }
 }
 
@@ -103,35 +207,77 @@ impl Drop for Proc {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Upstreams
+
+/// Which unmodified legacy HTTP+SSE server sits upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Python FastMCP (`fastmcp_legacy_server.py`): tools tick/echo/burst.
+    FastMcp,
+    /// `@modelcontextprotocol/server-everything` in `sse` mode.
+    Everything,
+}
+
+/// A running upstream peer.
+pub struct Upstream {
+    pub kind: Kind,
+    pub port: u16,
+    pub proc: Proc,
+}
+
+impl Upstream {
+    pub fn sse_url(&self) -> String {
+        format!("http://127.0.0.1:{}/sse", self.port)
+    }
+
+    /// Starts `kind` on a free port below 32768 and waits (blocking) for its ready line.
+    pub fn start(kind: Kind) -> Upstream {
+        let py = require_peers();
+        for _ in 0..20 {
+            let port = port();
+            let cmd = match kind {
+                Kind::FastMcp => {
+                    let mut c = Command::new(&py);
+                    c.arg(peers_dir().join("fastmcp_legacy_server.py"))
+                        .arg(port.to_string());
+                    c
+                }
+                Kind::Everything => {
+                    let mut c = Command::new(peers_dir().join("run_everything.sh"));
+                    c.arg(port.to_string());
+                    c
+                }
+            };
+            let proc = Proc::spawn(&format!("{kind:?} upstream"), cmd);
+            match proc.line(WAIT) {
+                Some(l) if l.contains("\"ready\"") => return Upstream { kind, port, proc },
+                _ => continue, // port taken after all: try another
+            }
+        }
+        panic!("{kind:?} upstream did not start (see stderr) — run scripts/install-peers");
+    }
+
+    /// [`Upstream::start`] on a blocking thread, for async tests.
+    pub async fn start_async(kind: Kind) -> Upstream {
+        tokio::task::spawn_blocking(move || Upstream::start(kind))
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+}
+
 /// The Python SDK's FastMCP legacy SSE server (tools tick, echo, burst).
-pub async fn fastmcp() -> Proc {
-    let (py, _) = require_peers();
-    let port = port();
-    let child = Command::new(py)
-        .arg(repo().join("tests/peers/fastmcp_legacy_server.py"))
-        .arg(port.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start FastMCP peer");
-    wait_port(port).await;
-    Proc { child, port }
+pub async fn fastmcp() -> Upstream {
+    Upstream::start_async(Kind::FastMcp).await
 }
 
 /// `@modelcontextprotocol/server-everything` in `sse` mode.
-pub async fn everything() -> Proc {
-    require_peers();
-    let port = port();
-    let child = Command::new("bash")
-        .arg(repo().join("tests/peers/run_everything.sh"))
-        .arg(port.to_string())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start server-everything");
-    wait_port(port).await;
-    Proc { child, port }
+pub async fn everything() -> Upstream {
+    Upstream::start_async(Kind::Everything).await
 }
+
+// ---------------------------------------------------------------------------------------------
+// The proxy
 
 /// A config for tests: loopback port 0 listeners and a fresh data dir.
 pub fn config(upstream: &str, dir: &Path) -> Config {
@@ -146,9 +292,39 @@ pub fn config(upstream: &str, dir: &Path) -> Config {
     c
 }
 
+/// The proxy in-process with [`config`] for `upstream` and `dir`, changed by `f`.
+pub async fn start_in_process(
+    upstream: &str,
+    dir: &Path,
+    f: impl FnOnce(&mut Config),
+) -> mcp_resume_proxy::app::Running {
+    let mut cfg = config(upstream, dir);
+    f(&mut cfg);
+    mcp_resume_proxy::app::start(cfg)
+        .await
+        .expect("proxy starts")
+}
+
+/// `mcp-resume-proxy inspect --data-dir DIR [SESSION]` (no proxy may hold the dir).
+pub fn inspect(dir: &Path, session: Option<&str>) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"));
+    cmd.arg("inspect").arg("--data-dir").arg(dir);
+    if let Some(s) = session {
+        cmd.arg(s);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "inspect failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
 /// The proxy binary, started on fixed ports with a data dir.
 pub struct ProxyProc {
     pub proc: Proc,
+    pub port: u16,
     pub admin: u16,
 }
 
@@ -182,16 +358,13 @@ impl ProxyProc {
             .collect();
         text.push_str(&rest);
         std::fs::write(&cfg_path, text).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
-            .args(["run", "--config"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"));
+        cmd.args(["run", "--config"])
             .arg(&cfg_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .env("MCP_RESUME_PROXY_LOG", "warn")
-            .spawn()
-            .expect("start proxy binary");
+            .env("MCP_RESUME_PROXY_LOG", "warn");
         let p = ProxyProc {
-            proc: Proc { child, port },
+            proc: Proc::spawn("proxy binary", cmd),
+            port,
             admin,
         };
         wait_port(admin).await;
@@ -207,12 +380,36 @@ impl ProxyProc {
         p
     }
     pub fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.proc.port)
+        format!("http://127.0.0.1:{}", self.port)
     }
     pub fn metrics_url(&self) -> String {
         format!("http://127.0.0.1:{}/metrics", self.admin)
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Metrics
+
+/// The value of `series` (exact, e.g. `x{reason="a"}`) in the Prometheus text `text`; fails the
+/// test when the series is absent (every fixed label set is registered up front).
+pub fn metric_value(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|r| r.strip_prefix(' ')))
+        .map(|v| {
+            v.trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("series {series}: bad value {v:?} ({e})"))
+        })
+        .unwrap_or_else(|| panic!("series {series} not in metrics"))
+}
+
+/// The value of `series` in the Prometheus text at `url`.
+pub async fn metric(url: &str, series: &str) -> f64 {
+    metric_value(&http_get(url).await.1, series)
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP through a client (absolute URLs; `http_get` never fails, it answers status 0)
 
 fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new())
@@ -220,19 +417,10 @@ fn client() -> Client<HttpConnector, Full<Bytes>> {
         .build(HttpConnector::new())
 }
 
-/// GET → (status, body text).
+/// GET → (status, body text); (0, "") when the request fails.
 pub async fn http_get(url: &str) -> (u16, String) {
     match client().get(url.parse().unwrap()).await {
-        Ok(r) => {
-            let s = r.status().as_u16();
-            let b = r
-                .into_body()
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            (s, String::from_utf8_lossy(&b).into_owned())
-        }
+        Ok(r) => (r.status().as_u16(), body_text(r.into_body()).await),
         Err(_) => (0, String::new()),
     }
 }
@@ -243,7 +431,7 @@ pub async fn request(
     url: &str,
     headers: &[(&str, &str)],
     body: &str,
-) -> (u16, http::HeaderMap, String) {
+) -> (u16, HeaderMap, String) {
     let mut b = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
         b = b.header(*k, *v);
@@ -257,13 +445,17 @@ pub async fn request(
     .expect("request failed");
     let s = r.status().as_u16();
     let h = r.headers().clone();
-    let body = r
-        .into_body()
+    (s, h, body_text(r.into_body()).await)
+}
+
+/// A body as text (lossy); empty when reading it fails.
+async fn body_text(body: impl hyper::body::Body<Data = Bytes>) -> String {
+    let b = body
         .collect()
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
-    (s, h, String::from_utf8_lossy(&body).into_owned())
+    String::from_utf8_lossy(&b).into_owned()
 }
 
 /// POST JSON to `url`.
@@ -278,87 +470,235 @@ pub async fn post(url: &str, msg: &Value) -> (u16, String) {
     (s, b)
 }
 
-/// Value of `name` in the Prometheus text at `url` (exact series, e.g. `x{reason="a"}`).
-pub async fn metric(url: &str, series: &str) -> f64 {
-    let (_, text) = http_get(url).await;
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix(series)
-                .and_then(|r| r.strip_prefix(' '))
-                .map(|v| v.trim().parse().unwrap())
-        })
-        .unwrap_or_else(|| panic!("series {series} not in metrics"))
+// ---------------------------------------------------------------------------------------------
+// Raw HTTP: one request on its own connection
+
+/// A response whose body has not been read.
+pub struct Resp {
+    pub status: u16,
+    pub headers: HeaderMap,
+    body: Incoming,
+    conn: tokio::task::JoinHandle<()>,
 }
 
-/// An open SSE response.
+/// Sends one request on a fresh connection.
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Resp {
+    let fut = async {
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .expect("handshake");
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut req = http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", addr.to_string());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or("").to_string())))
+            .expect("request");
+        let resp = tx.send_request(req).await.expect("response");
+        let (parts, body) = resp.into_parts();
+        Resp {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body,
+            conn,
+        }
+    };
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{method} {path}: no response head within {WAIT:?}"))
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| v.to_str().expect("ascii header").to_string())
+    }
+
+    pub async fn bytes(self) -> Bytes {
+        let b = tokio::time::timeout(WAIT, self.body.collect())
+            .await
+            .expect("body within the step timeout")
+            .expect("body")
+            .to_bytes();
+        self.conn.abort();
+        b
+    }
+
+    pub async fn json(self) -> Value {
+        let b = self.bytes().await;
+        serde_json::from_slice(&b)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&b)))
+    }
+
+    /// The body as a Streamable HTTP SSE stream: status 200, `text/event-stream`, UTF-8 data.
+    pub fn sse(self) -> Sse {
+        assert_eq!(self.status, 200, "expected an SSE stream");
+        assert!(
+            self.header("content-type")
+                .is_some_and(|c| c.starts_with("text/event-stream")),
+            "content-type {:?}",
+            self.header("content-type")
+        );
+        self.into_sse(true)
+    }
+
+    fn into_sse(self, utf8_data: bool) -> Sse {
+        Sse {
+            status: self.status,
+            headers: self.headers,
+            body: self.body,
+            buf: BytesMut::new(),
+            dec: Decoder::new(64 << 20),
+            conn: self.conn,
+            raw: Vec::new(),
+            done: false,
+            utf8_data,
+        }
+    }
+}
+
+/// `http://ADDR/PATH` → (ADDR, `/PATH`); test URLs always name a numeric loopback address.
+fn split_url(url: &str) -> (SocketAddr, &str) {
+    let rest = url
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("not an http:// URL: {url}"));
+    let (host, path) = rest.find('/').map_or((rest, "/"), |i| rest.split_at(i));
+    let addr = host
+        .parse()
+        .unwrap_or_else(|e| panic!("{url}: host is not an IP:port ({e})"));
+    (addr, path)
+}
+
+// ---------------------------------------------------------------------------------------------
+// SSE
+
+/// One SSE event as received.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ev {
+    pub id: Option<String>,
+    pub event: Option<String>,
+    /// The data, byte for byte (the legacy face relays malformed upstream bytes as they are).
+    pub data: Bytes,
+    pub retry: Option<u64>,
+}
+
+impl Ev {
+    pub fn is_priming(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// The data as text.
+    pub fn text(&self) -> &str {
+        std::str::from_utf8(&self.data).expect("utf-8 data")
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.data).unwrap_or_else(|e| {
+            panic!(
+                "event data is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.data)
+            )
+        })
+    }
+
+    /// The id's seq.
+    pub fn seq(&self) -> u64 {
+        self.id
+            .as_deref()
+            .and_then(|i| i.rsplit(':').next())
+            .and_then(|s| s.parse().ok())
+            .expect("event id with a seq")
+    }
+}
+
+/// A client SSE stream.
 pub struct Sse {
     pub status: u16,
-    pub headers: http::HeaderMap,
+    pub headers: HeaderMap,
     body: Incoming,
     buf: BytesMut,
     dec: Decoder,
+    conn: tokio::task::JoinHandle<()>,
+    /// Every byte received.
+    pub raw: Vec<u8>,
+    done: bool,
+    /// Whether every event's data must be UTF-8 (a Streamable HTTP stream, see [`Resp::sse`]).
+    utf8_data: bool,
 }
 
 impl Sse {
-    /// GET `url` with extra headers; returns the response whatever its status.
+    /// GET `url` (`http://IP:PORT/...`) with extra headers; returns the response whatever its
+    /// status, with the body text when it is not 200.
     pub async fn get(url: &str, headers: &[(&str, &str)]) -> (Sse, Option<String>) {
-        let mut b = http::Request::builder()
-            .method("GET")
-            .uri(url)
-            .header("accept", "text/event-stream");
-        for (k, v) in headers {
-            b = b.header(*k, *v);
-        }
-        let r = tokio::time::timeout(
-            WAIT,
-            client().request(b.body(Full::new(Bytes::new())).unwrap()),
-        )
-        .await
-        .expect("GET timed out")
-        .expect("GET failed");
-        let status = r.status().as_u16();
-        let headers = r.headers().clone();
-        let mut sse = Sse {
-            status,
-            headers,
-            body: r.into_body(),
-            buf: BytesMut::new(),
-            dec: Decoder::new(64 << 20),
-        };
+        let (addr, path) = split_url(url);
+        let mut h = vec![("accept", "text/event-stream")];
+        h.extend_from_slice(headers);
+        let r = send(addr, "GET", path, &h, None).await;
+        let status = r.status;
+        let mut sse = r.into_sse(false);
         if status != 200 {
-            let body = (&mut sse.body)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            return (sse, Some(String::from_utf8_lossy(&body).into_owned()));
+            let body = body_text(&mut sse.body).await;
+            return (sse, Some(body));
         }
         (sse, None)
     }
 
-    /// The next event, or None at end of stream. Panics after [`WAIT`].
-    pub async fn next(&mut self) -> Option<Event> {
+    /// The next event; `None` once the stream has ended. Fails the test after [`WAIT`] without one.
+    pub async fn next(&mut self) -> Option<Ev> {
         tokio::time::timeout(WAIT, self.next_inner())
             .await
-            .expect("no SSE event in time")
+            .unwrap_or_else(|_| {
+                panic!(
+                    "no SSE event within {WAIT:?}; got so far: {}",
+                    String::from_utf8_lossy(&self.raw)
+                )
+            })
     }
 
     /// The next event within `d`, or Err(()) on timeout.
-    pub async fn next_within(&mut self, d: Duration) -> Result<Option<Event>, ()> {
+    pub async fn next_within(&mut self, d: Duration) -> Result<Option<Ev>, ()> {
         tokio::time::timeout(d, self.next_inner())
             .await
             .map_err(|_| ())
     }
 
-    async fn next_inner(&mut self) -> Option<Event> {
+    async fn next_inner(&mut self) -> Option<Ev> {
         loop {
-            if let Some(ev) = self.dec.decode(&mut self.buf).expect("event within cap") {
+            if let Some(ev) = self.dec.decode(&mut self.buf).expect("SSE decodes") {
+                let ev = Ev {
+                    id: ev.id,
+                    event: ev.event,
+                    data: ev.data,
+                    retry: ev.retry,
+                };
+                assert!(
+                    !self.utf8_data || std::str::from_utf8(&ev.data).is_ok(),
+                    "utf-8 data: {ev:?}"
+                );
                 return Some(ev);
             }
+            if self.done {
+                return None;
+            }
             match self.body.frame().await {
-                None | Some(Err(_)) => return None,
+                None | Some(Err(_)) => self.done = true,
                 Some(Ok(f)) => {
                     if let Ok(d) = f.into_data() {
+                        self.raw.extend_from_slice(&d);
                         self.buf.extend_from_slice(&d);
                     }
                 }
@@ -366,7 +706,38 @@ impl Sse {
         }
     }
 
-    /// Reads the `endpoint` event and returns its data.
+    /// Every remaining event, until the stream ends.
+    pub async fn rest(&mut self) -> Vec<Ev> {
+        let mut out = Vec::new();
+        while let Some(e) = self.next().await {
+            out.push(e);
+        }
+        out
+    }
+
+    /// Reads events until `pred` matches one (returned last); panics if the stream ends first.
+    pub async fn until(&mut self, mut pred: impl FnMut(&Ev) -> bool) -> Vec<Ev> {
+        let mut out = Vec::new();
+        loop {
+            let e = self
+                .next()
+                .await
+                .unwrap_or_else(|| panic!("stream ended before the awaited event; got {out:?}"));
+            let stop = pred(&e);
+            out.push(e);
+            if stop {
+                return out;
+            }
+        }
+    }
+
+    /// Drops the connection (the client goes away mid-stream).
+    pub fn cut(self) {
+        self.conn.abort();
+        drop(self.body);
+    }
+
+    /// Reads the legacy `endpoint` event and returns its data.
     pub async fn endpoint(&mut self) -> String {
         let ev = self.next().await.expect("endpoint event");
         assert_eq!(ev.event.as_deref(), Some("endpoint"));
@@ -374,7 +745,7 @@ impl Sse {
         String::from_utf8(ev.data.to_vec()).unwrap()
     }
 
-    /// The next `message` event as (id, JSON).
+    /// The next legacy `message` event as (id, JSON).
     pub async fn message(&mut self) -> (String, Value) {
         let ev = self.next().await.expect("message event");
         assert_eq!(ev.event.as_deref(), Some("message"), "{ev:?}");
@@ -382,6 +753,9 @@ impl Sse {
         (id, serde_json::from_slice(&ev.data).expect("JSON data"))
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// A legacy HTTP+SSE session driven by hand
 
 /// Seq of an event id `{session}:{epoch}:{seq}`.
 pub fn seq_of(id: &str) -> u64 {
@@ -404,6 +778,21 @@ pub fn call(id: u64, tool: &str, args: Value, progress_token: Option<&str>) -> V
     serde_json::json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":params})
 }
 
+pub fn is_progress(m: &Value) -> bool {
+    m["method"] == "notifications/progress"
+}
+
+/// Every remaining `message` event of a stream, as (id, JSON), until the stream ends.
+pub async fn rest_of_stream(sse: &mut Sse) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    while let Some(ev) = sse.next().await {
+        assert_eq!(ev.event.as_deref(), Some("message"), "{ev:?}");
+        let id = ev.id.clone().expect("logged events carry an id");
+        out.push((id, serde_json::from_slice(&ev.data).expect("JSON data")));
+    }
+    out
+}
+
 /// A legacy session through the proxy at `base`: opens `/sse`, initializes. Returns the stream,
 /// the absolute message URL and the id of the last event read.
 pub async fn legacy_session(base: &str) -> (Sse, String, String) {
@@ -420,50 +809,94 @@ pub async fn legacy_session(base: &str) -> (Sse, String, String) {
     (sse, url, id)
 }
 
-/// A TCP relay on a loopback port whose connections the test can cut: a network fault between a
-/// real client and the proxy, which neither side produces on demand.
+// ---------------------------------------------------------------------------------------------
+// A TCP relay whose connections the test can sever: a network fault between a real client and
+// the proxy, which neither side produces on demand
+
+/// One relayed connection: its task and the bytes its client sent.
+type RelayConn = (tokio::task::AbortHandle, Arc<Mutex<Vec<u8>>>);
+
+/// Forwards connections to `target`; records the bytes each client sent; `sever` closes every
+/// connection open at that moment, both ways (the client sees its connection drop mid-response).
 pub struct Relay {
-    pub port: u16,
-    cut: tokio::sync::watch::Sender<u64>,
-    task: tokio::task::JoinHandle<()>,
+    pub addr: SocketAddr,
+    conns: Arc<Mutex<Vec<RelayConn>>>,
+    accept: tokio::task::JoinHandle<()>,
 }
 
 impl Relay {
-    pub async fn start(target: std::net::SocketAddr) -> Relay {
-        let port = port();
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
-            .await
-            .unwrap();
-        let (cut, _) = tokio::sync::watch::channel(0u64);
-        let cut2 = cut.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((mut client, _)) = listener.accept().await else {
-                    return;
+    pub async fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind relay");
+        let addr = listener.local_addr().expect("addr");
+        let conns: Arc<Mutex<Vec<_>>> = Arc::default();
+        let list = conns.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(target).await else {
+                    continue;
                 };
-                let mut rx = cut2.subscribe();
-                tokio::spawn(async move {
-                    let Ok(mut server) = tokio::net::TcpStream::connect(target).await else {
-                        return;
+                let seen: Arc<Mutex<Vec<u8>>> = Arc::default();
+                let tap = seen.clone();
+                let task = tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    let up = async {
+                        let mut buf = vec![0u8; 16384];
+                        loop {
+                            let n = match cr.read(&mut buf).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            tap.lock().unwrap().extend_from_slice(&buf[..n]);
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                        }
+                        let _ = sw.shutdown().await;
                     };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut client, &mut server) => {}
-                        _ = rx.changed() => {}
-                    }
+                    let down = async {
+                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                        let _ = cw.shutdown().await;
+                    };
+                    tokio::join!(up, down);
                 });
+                list.lock().unwrap().push((task.abort_handle(), seen));
             }
         });
-        Relay { port, cut, task }
+        Relay {
+            addr,
+            conns,
+            accept,
+        }
     }
 
-    /// Severs every connection currently open through the relay.
-    pub fn cut_all(&self) {
-        self.cut.send_modify(|n| *n += 1);
+    /// Closes every open connection, both ways; returns how many.
+    pub fn sever(&self) -> usize {
+        let list = self.conns.lock().unwrap();
+        let mut n = 0;
+        for (task, _) in list.iter() {
+            if !task.is_finished() {
+                task.abort();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Everything clients sent, per connection, in connection order.
+    pub fn client_bytes(&self) -> Vec<String> {
+        self.conns
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, b)| String::from_utf8_lossy(&b.lock().unwrap()).into_owned())
+            .collect()
     }
 }
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        self.task.abort();
+        self.accept.abort();
+        self.sever();
     }
 }
