@@ -1,4 +1,4 @@
-//! The single writer task: group commit.
+//! The single writer (on its own thread, see [`spawn`]): group commit.
 //!
 //! Ops arrive over a bounded channel. Each turn takes everything queued (up to [`MAX_BATCH`]),
 //! assigns seqs, packs each session's events of the turn into chunks (one sled key each, see
@@ -52,7 +52,7 @@ struct Turn {
 enum Durable {
     /// Applied (and needing no flush), or failed.
     Ready(std::result::Result<(), String>),
-    /// Applied; the flush runs in this task.
+    /// Applied; the flush runs in a task on the writer's runtime.
     Flushing(tokio::task::JoinHandle<std::result::Result<(), String>>),
 }
 
@@ -332,9 +332,8 @@ fn publish_turn(store: &Store, turn: Turn) {
         touched.entry(p.log.id).or_insert(p.log);
     }
     // Trim before waking readers, so nobody observes a head beyond the retention bound. Most
-    // turns trim nothing; the check is cheap, the trim itself is sled work.
-    let over: Vec<&Arc<SessionLog>> = touched.values().filter(|l| over_bound(store, l)).collect();
-    for log in over {
+    // turns trim nothing: `trim` returns at once for a session within its bound.
+    for log in touched.values() {
         if let Err(e) = trim(store, log) {
             tracing::error!(session = %log.id, error = %e, "trim failed");
         }
