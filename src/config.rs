@@ -9,6 +9,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// Largest value accepted for a timeout in seconds (one day).
+pub const MAX_TIMEOUT_SECS: u64 = 86_400;
+
 /// A configuration error: one line naming the key at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -63,6 +66,9 @@ pub struct ListenConfig {
     pub addr: String,
     /// Most client connections served at once; further accepts wait.
     pub max_connections: usize,
+    /// Seconds a request body may take to arrive completely, from the end of its head; a slower
+    /// body is answered 408 and its connection closed, so it cannot hold a connection slot longer.
+    pub body_timeout_secs: u64,
 }
 
 /// `[admin]`: metrics and probes.
@@ -85,6 +91,9 @@ pub struct UpstreamConfig {
     pub connect_timeout_secs: u64,
     /// Largest upstream SSE event accepted, in bytes; larger ones are dropped, counted and reported.
     pub max_event_bytes: usize,
+    /// Seconds a forwarded request may stay unanswered; after it the proxy answers it with a logged
+    /// JSON-RPC error (-32093) and drops a late upstream response to it. 0 (the default): no limit.
+    pub request_timeout_secs: u64,
 }
 
 /// `[legacy]`: paths of the legacy face.
@@ -161,6 +170,7 @@ impl Default for ListenConfig {
         Self {
             addr: "127.0.0.1:8080".into(),
             max_connections: 10_000,
+            body_timeout_secs: 30,
         }
     }
 }
@@ -180,6 +190,7 @@ impl Default for UpstreamConfig {
             post_timeout_secs: 30,
             connect_timeout_secs: 10,
             max_event_bytes: 4 * 1024 * 1024,
+            request_timeout_secs: 0,
         }
     }
 }
@@ -364,6 +375,14 @@ impl Config {
         addr("listen.addr", &self.listen.addr)?;
         addr("admin.addr", &self.admin.addr)?;
         positive("listen.max_connections", self.listen.max_connections as u64)?;
+        positive("listen.body_timeout_secs", self.listen.body_timeout_secs)?;
+        // Seconds become `Duration`s and deadlines; absurd values would overflow `Instant` math.
+        if self.listen.body_timeout_secs > MAX_TIMEOUT_SECS {
+            return Err(bad(
+                "listen.body_timeout_secs",
+                format!("must be at most {MAX_TIMEOUT_SECS}"),
+            ));
+        }
         HttpUrl::parse(&self.upstream.sse_url).map_err(|r| bad("upstream.sse_url", r))?;
         positive(
             "upstream.post_timeout_secs",
@@ -373,6 +392,12 @@ impl Config {
             "upstream.connect_timeout_secs",
             self.upstream.connect_timeout_secs,
         )?;
+        if self.upstream.request_timeout_secs > MAX_TIMEOUT_SECS {
+            return Err(bad(
+                "upstream.request_timeout_secs",
+                format!("must be at most {MAX_TIMEOUT_SECS} (0 = no limit)"),
+            ));
+        }
         if self.upstream.max_event_bytes < 1024 {
             return Err(bad("upstream.max_event_bytes", "must be at least 1024"));
         }
@@ -425,6 +450,18 @@ impl Config {
     pub fn keepalive(&self) -> Duration {
         Duration::from_secs(self.sessions.keepalive_secs)
     }
+
+    /// How long a request body may take to arrive (`listen.body_timeout_secs`).
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_secs(self.listen.body_timeout_secs)
+    }
+
+    /// How long a forwarded request may stay unanswered (`upstream.request_timeout_secs`); `None`
+    /// when there is no limit.
+    pub fn request_timeout(&self) -> Option<Duration> {
+        (self.upstream.request_timeout_secs > 0)
+            .then(|| Duration::from_secs(self.upstream.request_timeout_secs))
+    }
 }
 
 #[cfg(test)]
@@ -447,6 +484,9 @@ mod tests {
         assert_eq!(c.sessions.retain_ended_secs, 600);
         assert_eq!(c.sessions.max_sessions, 10_000);
         assert_eq!(c.sessions.keepalive_secs, 15);
+        assert_eq!(c.listen.body_timeout_secs, 30);
+        assert_eq!(c.upstream.request_timeout_secs, 0);
+        assert_eq!(c.request_timeout(), None);
     }
 
     #[test]
@@ -481,6 +521,18 @@ mod tests {
             ),
             ("[log]\nmax_total_bytes = 10\n", "log.max_total_bytes"),
             ("[streamable]\npath = \"/sse\"\n", "streamable.path"),
+            (
+                "[listen]\nbody_timeout_secs = 0\n",
+                "listen.body_timeout_secs",
+            ),
+            (
+                "[listen]\nbody_timeout_secs = 86401\n",
+                "listen.body_timeout_secs",
+            ),
+            (
+                "[upstream]\nrequest_timeout_secs = 999999999\n",
+                "upstream.request_timeout_secs",
+            ),
         ];
         for (text, key) in cases {
             let err = Config::from_toml(text)
@@ -490,6 +542,22 @@ mod tests {
             assert!(err.contains(key), "{text:?} -> {err}");
             assert!(!err.contains('\n'), "one line: {err}");
         }
+    }
+
+    #[test]
+    fn request_timeout_is_off_unless_set() {
+        let c = Config::from_toml("[upstream]\nrequest_timeout_secs = 0\n")
+            .and_then(Config::validate)
+            .unwrap();
+        assert_eq!(c.request_timeout(), None);
+        let c = Config::from_toml("[upstream]\nrequest_timeout_secs = 20\n")
+            .and_then(Config::validate)
+            .unwrap();
+        assert_eq!(c.request_timeout(), Some(Duration::from_secs(20)));
+        let c = Config::from_toml("[listen]\nbody_timeout_secs = 5\n")
+            .and_then(Config::validate)
+            .unwrap();
+        assert_eq!(c.body_timeout(), Duration::from_secs(5));
     }
 
     #[test]
