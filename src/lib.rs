@@ -20,7 +20,8 @@
 //! - [`stream`]: a client stream as a cursor over the log.
 //!
 //! Around it: [`config`], [`metrics`], [`admin`], [`shutdown`], [`app`] (wiring), [`sse`]
-//! (decoder/encoder), [`jsonrpc`] (routing fields and error bodies), [`demo`] and [`inspect`].
+//! (decoder/encoder), [`jsonrpc`] (routing fields and error bodies), [`echo`] (client values cut
+//! before they are echoed), [`demo`] and [`inspect`].
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]
@@ -30,6 +31,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod demo;
+pub mod echo;
 pub mod error;
 pub mod facade;
 pub mod inspect;

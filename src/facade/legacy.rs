@@ -12,8 +12,10 @@ use http::{header, Method, Request};
 use hyper::body::Incoming;
 
 use super::{
-    error_response, json_error, plain, query_param, read_body, refusal, sse_response, Ctx, Resp,
+    error_response, json_error, plain, query_param, read_client_body, refusal, sse_response, Ctx,
+    Resp,
 };
+use crate::echo;
 use crate::error::Error;
 use crate::jsonrpc;
 use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
@@ -89,7 +91,7 @@ async fn resume(ctx: &Arc<Ctx>, last_event_id: &str) -> Resp {
         return error_response(&Error::UnknownSession, None);
     }
     m.resume(Facade::Legacy);
-    tracing::info!(session = %sl.id, last_event_id, head = ranges.head, "legacy resume served");
+    tracing::info!(session = %sl.id, last_event_id = echo::clip(last_event_id), head = ranges.head, "legacy resume served");
     let attachment = ctx
         .reg
         .live(&cursor.session)
@@ -128,12 +130,13 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     let Some(id) = SessionId::parse(raw) else {
         return error_response(&Error::BadRequest("invalid session_id".into()), None);
     };
+    // Before the body is read: an unknown session costs no more than its request head.
     let Some(session) = ctx.reg.live(&id) else {
         return error_response(&Error::UnknownSession, None);
     };
-    let body = match read_body(req.into_body()).await {
+    let body = match read_client_body(ctx, req.into_body()).await {
         Ok(b) => b,
-        Err(e) => return plain(413, "text/plain", e.to_string()),
+        Err(r) => return *r,
     };
     let Some(peek) = jsonrpc::peek(&body) else {
         return json_error(

@@ -5,14 +5,16 @@ pub mod legacy;
 pub mod streamable;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
-use http_body_util::{BodyExt, Either, Full, Limited};
-use hyper::body::Incoming;
+use http_body::Body;
+use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::echo;
+use crate::error::Error;
 use crate::jsonrpc;
 use crate::log::cursor::{Cursor, Refusal, SessionId};
 use crate::log::{Log, SessionLog};
@@ -48,7 +50,8 @@ pub fn plain(status: u16, content_type: &str, body: impl Into<Bytes>) -> Resp {
     r
 }
 
-/// A JSON-RPC error response body with HTTP `status`.
+/// A JSON-RPC error response body with HTTP `status`. The client's request id is echoed cut to
+/// [`echo::MAX_ECHO`] bytes ([`echo::json_id`]).
 pub fn json_error(
     status: u16,
     id: Option<&str>,
@@ -56,10 +59,11 @@ pub fn json_error(
     message: &str,
     data: serde_json::Value,
 ) -> Resp {
+    let id = echo::json_id(id.unwrap_or("null"));
     plain(
         status,
         "application/json",
-        jsonrpc::error_response(id.unwrap_or("null"), code, message, data),
+        jsonrpc::error_response(&id, code, message, data),
     )
 }
 
@@ -97,6 +101,8 @@ pub fn refusal(
     session: Option<SessionId>,
     log: Option<(&Log, &SessionLog)>,
 ) -> Resp {
+    // Echoed three times below (message, data, log line): cut once.
+    let last_event_id = echo::clip(last_event_id);
     metrics.refusal(reason);
     let ranges = log.map(|(_, l)| l.ranges());
     let head_id = ranges.as_ref().map(|r| {
@@ -176,16 +182,86 @@ pub fn sse_response(body: SseBody, session_header: Option<&SessionId>) -> Resp {
     r
 }
 
-/// Reads a request body up to [`MAX_BODY`].
+/// Why a request body could not be read ([`read_body`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum BodyError {
+    /// Over the limit (declared by `Content-Length` or found while reading): 413.
+    TooLarge,
+    /// Not complete within `listen.body_timeout_secs`: 408, and the connection closes.
+    Timeout,
+    /// The client went away mid-body (or sent a broken chunked body): nobody to answer.
+    Aborted(String),
+}
+
+impl BodyError {
+    /// The answer: 413 for [`BodyError::TooLarge`] only; 408 with `Connection: close` for
+    /// [`BodyError::Timeout`]. An aborted body is logged at debug and gets a `400` with
+    /// `Connection: close` that, usually, no client is left to read.
+    pub fn response(&self) -> Resp {
+        match self {
+            BodyError::TooLarge => plain(
+                413,
+                "text/plain",
+                format!("Payload Too Large: a request body may hold at most {MAX_BODY} bytes"),
+            ),
+            BodyError::Timeout => close(plain(
+                408,
+                "text/plain",
+                "Request Timeout: the request body did not arrive within listen.body_timeout_secs",
+            )),
+            BodyError::Aborted(why) => {
+                tracing::debug!(error = %why, "request body ended early; client gone");
+                close(plain(400, "text/plain", "Bad Request: incomplete request body"))
+            }
+        }
+    }
+}
+
+/// `resp` with `Connection: close`: hyper closes the connection once it is written, so what is
+/// left of an unread body can neither be parsed as a next request nor keep the connection.
+pub fn close(mut resp: Resp) -> Resp {
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    resp
+}
+
+/// Reads a whole request body of at most `limit` bytes within `timeout`.
+///
+/// A body that declares more than `limit` (`Content-Length`) is refused before anything is read.
 ///
 /// # Errors
-/// [`Error::BadRequest`] when it is larger or the connection fails.
-pub async fn read_body(body: Incoming) -> Result<Bytes> {
-    Limited::new(body, MAX_BODY)
-        .collect()
+/// [`BodyError::TooLarge`] over the limit; [`BodyError::Timeout`] when it did not arrive in time;
+/// [`BodyError::Aborted`] when the body failed (the connection dropped mid-body).
+pub async fn read_body<B>(body: B, limit: usize, timeout: Duration) -> Result<Bytes, BodyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if body.size_hint().lower() > limit as u64 {
+        return Err(BodyError::TooLarge);
+    }
+    let collect = Limited::new(body, limit).collect();
+    match tokio::time::timeout(timeout, collect).await {
+        Err(_) => Err(BodyError::Timeout),
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge),
+        Ok(Err(e)) => Err(BodyError::Aborted(e.to_string())),
+    }
+}
+
+/// [`read_body`] with the proxy's limits ([`MAX_BODY`], `listen.body_timeout_secs`), answering
+/// the failure.
+///
+/// # Errors
+/// The response for the [`BodyError`].
+pub async fn read_client_body<B>(ctx: &Ctx, body: B) -> Result<Bytes, Box<Resp>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    read_body(body, MAX_BODY, ctx.cfg.body_timeout())
         .await
-        .map(|b| b.to_bytes())
-        .map_err(|e| Error::BadRequest(format!("request body: {e}")))
+        .map_err(|e| Box::new(e.response()))
 }
 
 /// The value of a query parameter.
@@ -195,4 +271,106 @@ pub fn query_param<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
         .filter_map(|kv| kv.split_once('=').or(Some((kv, ""))))
         .find(|(k, _)| *k == name)
         .map(|(_, v)| v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use http_body::{Frame, SizeHint};
+
+    /// A request body played from a script: chunks, then an error, the end, or nothing ever again.
+    struct Scripted {
+        chunks: VecDeque<Bytes>,
+        then: Then,
+        declared: Option<u64>,
+    }
+
+    enum Then {
+        End,
+        Fail,
+        Stall,
+    }
+
+    impl Body for Scripted {
+        type Data = Bytes;
+        type Error = std::io::Error;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+            if let Some(c) = self.chunks.pop_front() {
+                return Poll::Ready(Some(Ok(Frame::data(c))));
+            }
+            match self.then {
+                Then::End => Poll::Ready(None),
+                Then::Fail => Poll::Ready(Some(Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed before message completed",
+                )))),
+                Then::Stall => Poll::Pending,
+            }
+        }
+
+        fn size_hint(&self) -> SizeHint {
+            self.declared.map(SizeHint::with_exact).unwrap_or_default()
+        }
+    }
+
+    fn body(chunks: &[&'static [u8]], then: Then, declared: Option<u64>) -> Scripted {
+        Scripted {
+            chunks: chunks.iter().map(|c| Bytes::from_static(c)).collect(),
+            then,
+            declared,
+        }
+    }
+
+    const T: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn whole_body_within_limit() {
+        let b = read_body(body(&[b"{\"a\":", b"1}"], Then::End, None), 16, T).await;
+        assert_eq!(b.unwrap(), Bytes::from_static(b"{\"a\":1}"));
+    }
+
+    #[tokio::test]
+    async fn only_an_over_limit_body_is_too_large() {
+        // Found while reading.
+        let b = read_body(body(&[b"0123456789", b"0123456789"], Then::End, None), 16, T).await;
+        assert_eq!(b.unwrap_err(), BodyError::TooLarge);
+        // Declared up front: refused before reading (the body would stall).
+        let b = read_body(body(&[], Then::Stall, Some(17)), 16, T).await;
+        assert_eq!(b.unwrap_err(), BodyError::TooLarge);
+        assert_eq!(BodyError::TooLarge.response().status(), 413);
+        // A client gone mid-body is not "too large".
+        let b = read_body(body(&[b"0123"], Then::Fail, Some(10)), 16, T).await;
+        let e = b.unwrap_err();
+        assert!(matches!(e, BodyError::Aborted(_)), "{e:?}");
+        assert_ne!(e.response().status(), 413);
+    }
+
+    #[tokio::test]
+    async fn a_slow_body_times_out_and_closes() {
+        let slow = body(&[b"01"], Then::Stall, Some(10));
+        let b = read_body(slow, 16, Duration::from_millis(200)).await;
+        assert_eq!(b.unwrap_err(), BodyError::Timeout);
+        let r = BodyError::Timeout.response();
+        assert_eq!(r.status(), 408);
+        assert_eq!(r.headers()[header::CONNECTION], "close");
+    }
+
+    #[test]
+    fn long_ids_are_cut_in_error_bodies() {
+        let id = serde_json::Value::String("i".repeat(300 * 1024)).to_string();
+        let r = json_error(400, Some(&id), -32600, "x", serde_json::json!({}));
+        let Either::Left(full) = r.into_body() else {
+            panic!("a fixed body")
+        };
+        let size = full.size_hint().exact().unwrap();
+        assert!(size < 1024, "{size} bytes");
+    }
 }

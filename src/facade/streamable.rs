@@ -26,7 +26,10 @@ use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
-use super::{error_response, json_error, plain, read_body, refusal, sse_response, Ctx, Resp};
+use super::{
+    error_response, json_error, plain, read_client_body, refusal, sse_response, Ctx, Resp,
+};
+use crate::echo;
 use crate::error::Error;
 use crate::jsonrpc::{self, Peek};
 use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
@@ -57,13 +60,15 @@ const VERSION_HEADER: &str = "mcp-protocol-version";
 pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         if !origin_allowed(ctx, origin) {
-            tracing::warn!(origin = ?origin, "streamable request from a foreign Origin refused");
+            let origin = String::from_utf8_lossy(origin.as_bytes());
+            let origin = echo::clip(&origin);
+            tracing::warn!(origin, "streamable request from a foreign Origin refused");
             return json_error(
                 403,
                 None,
                 -32000,
                 "Forbidden: Origin not allowed",
-                json!({"reason": "origin_not_allowed", "origin": String::from_utf8_lossy(origin.as_bytes())}),
+                json!({"reason": "origin_not_allowed", "origin": origin}),
             );
         }
     }
@@ -138,7 +143,8 @@ fn version_header(h: &HeaderMap) -> Result<Option<String>, Early> {
             None,
             -32600,
             &format!(
-                "Bad Request: unsupported MCP-Protocol-Version {v:?} (supported: {})",
+                "Bad Request: unsupported MCP-Protocol-Version {:?} (supported: {})",
+                echo::clip(v),
                 SUPPORTED_VERSIONS.join(", ")
             ),
             json!({"reason": "unsupported_protocol_version", "supported": SUPPORTED_VERSIONS}),
@@ -274,14 +280,18 @@ async fn post(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         Err(r) => return *r,
     };
     let has_session = h.contains_key(SESSION_HEADER);
+    // Before the body is read: an unknown session costs no more than its request head.
     let session = if has_session {
-        Some(live_session(ctx, h))
+        match live_session(ctx, h) {
+            Ok(s) => Some(s),
+            Err(r) => return *r,
+        }
     } else {
         None
     };
-    let body = match read_body(req.into_body()).await {
+    let body = match read_client_body(ctx, req.into_body()).await {
         Ok(b) => b,
-        Err(e) => return plain(413, "text/plain", e.to_string()),
+        Err(r) => return *r,
     };
     let (msgs, batch) = match parse_body(&body) {
         Ok(x) => x,
@@ -310,10 +320,8 @@ async fn post(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         let msg = msgs.into_iter().next().expect("one message");
         return initialize(ctx, msg, version).await;
     }
-    let session = match session {
-        None => return missing_session(),
-        Some(Err(r)) => return *r,
-        Some(Ok(s)) => s,
+    let Some(session) = session else {
+        return missing_session();
     };
     let version = effective_version(version.as_deref(), &session);
     if batch && !at_least(LAST_BATCH_VERSION, &version) {
@@ -362,7 +370,7 @@ async fn initialize(ctx: &Arc<Ctx>, msg: Msg, header_version: Option<String>) ->
         Ok(s) => s,
         Err(e) => return error_response(&e, msg.peek.id.as_deref()),
     };
-    tracing::info!(session = %session.id, protocol_version = %requested, "streamable session initialized");
+    tracing::info!(session = %session.id, protocol_version = echo::clip(&requested), "streamable session initialized");
     let version = header_version.unwrap_or(requested);
     let resp = answer(ctx, &session, vec![msg], &version, true).await;
     if !resp.status().is_success() {
@@ -623,7 +631,7 @@ async fn resume(
     m.resume(Facade::Streamable);
     tracing::info!(
         session = %sl.id,
-        last_event_id,
+        last_event_id = echo::clip(last_event_id),
         stream = tag.0,
         head = ranges.head,
         responses = owed.responses,
