@@ -87,7 +87,8 @@ async fn resume(ctx: &Arc<Ctx>, last_event_id: &str) -> Resp {
     };
     if sl.ended().is_some() && nothing_left(ctx, &sl, after) {
         // The history after this cursor is complete and empty: say the session is over rather
-        // than open a stream that ends at once (an EventSource would reconnect forever).
+        // than open a stream that ends at once (an EventSource would reconnect forever) or, when
+        // the cursor is the end marker itself, one that never ends.
         return error_response(&Error::UnknownSession, None);
     }
     m.resume(Facade::Legacy);
@@ -108,10 +109,14 @@ async fn resume(ctx: &Arc<Ctx>, last_event_id: &str) -> Resp {
     sse_response(stream::spawn(spec, ctx.env.clone()), None)
 }
 
-/// Is everything after `after` only the end marker?
+/// Of an ended session: is nothing but the end marker left after `after` — the next event is the
+/// end marker, or `after` is the end marker itself? (While the end is still being logged, neither
+/// holds yet: the stream is served and ends at the marker.)
 fn nothing_left(ctx: &Ctx, sl: &crate::log::SessionLog, after: u64) -> bool {
-    match ctx.reg.log.read_after(sl, after, 2) {
-        Ok(evs) => evs.first().is_some_and(|e| e.kind == Kind::End),
+    let log = &ctx.reg.log;
+    match log.read_after(sl, after, 1) {
+        Ok(evs) if !evs.is_empty() => evs[0].kind == Kind::End,
+        Ok(_) => matches!(log.event_at(sl, after), Ok(Some(ev)) if ev.kind == Kind::End),
         Err(_) => false,
     }
 }

@@ -602,7 +602,12 @@ async fn resume(
         Err(e) => return error_response(&e, None),
     };
     let tag = ev.stream;
-    if ev.kind == Kind::End || !(tag == StreamTag::STANDALONE || tag.is_post()) {
+    if ev.kind == Kind::End {
+        // The session's last event: it is over and nothing is left after it (design.md §10,
+        // "Every stream ends"), as for any ended session with nothing left for the stream.
+        return error_response(&Error::UnknownSession, None);
+    }
+    if !(tag == StreamTag::STANDALONE || tag.is_post()) {
         // Never handed to a client as an id: not a cursor this face issued.
         return refuse(Refusal::UnknownEpoch);
     }
@@ -611,9 +616,11 @@ async fn resume(
         Err(e) => return error_response(&e, None),
     };
     let live = ctx.reg.live(&cursor.session);
-    if live.is_none() && owed.messages == 0 {
+    if live.is_none() && owed.messages == 0 && owed.pending == 0 {
         // The session is over and this stream has nothing more: say so rather than serve an
-        // empty stream the client would reconnect to forever.
+        // empty stream the client would reconnect to forever. (A request still pending here is
+        // an end in progress: its -32091 answer and the end marker are about to be logged, and
+        // the stream served ends at the marker.)
         return error_response(&Error::UnknownSession, None);
     }
     let attachment = live.as_ref().and_then(|s| s.attach(tag, false));
