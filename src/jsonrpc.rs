@@ -12,6 +12,9 @@ pub const RESUME_GAP: i64 = -32090;
 pub const INFLIGHT_ABORTED: i64 = -32091;
 /// JSON-RPC error code for an upstream response that was too large or not valid JSON.
 pub const UNDELIVERABLE: i64 = -32092;
+/// JSON-RPC error code for a request the upstream did not answer within
+/// `upstream.request_timeout_secs`.
+pub const REQUEST_TIMEOUT: i64 = -32093;
 
 /// What routing needs to know about one JSON-RPC message.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -138,6 +141,30 @@ pub fn scan_id(head: &[u8], tail: &[u8]) -> Option<String> {
     None
 }
 
+/// Bytes of each end of a message that [`scan_response_id`] looks at.
+const SCAN_BYTES: usize = 512;
+
+/// Best-effort recovery of the `id` of a message that is not valid JSON, when it looks like a
+/// response: of the keys `"method"`, `"result"` and `"error"`, the first to appear is `"result"`
+/// or `"error"` (both SDKs write `method` before `params`, and a response's payload after its
+/// `result`/`error` key). A request or notification — whose params may well hold an `"id"` — is
+/// never taken for a response. The id is then read with [`scan_id`] from the first and last
+/// 512 bytes, as for an oversized event.
+pub fn scan_response_id(bytes: &[u8]) -> Option<String> {
+    let head = &bytes[..bytes.len().min(SCAN_BYTES)];
+    let tail = &bytes[bytes.len().saturating_sub(SCAN_BYTES)..];
+    looks_like_response(head).then(|| scan_id(head, tail))?
+}
+
+/// Does the start of a message read like a response (see [`scan_response_id`])?
+pub fn looks_like_response(head: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(head);
+    let first = |key: &str| text.find(key).unwrap_or(usize::MAX);
+    let method = first("\"method\"");
+    let answer = first("\"result\"").min(first("\"error\""));
+    answer < method
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,6 +210,47 @@ mod tests {
             Some("\"r-9\"")
         );
         assert_eq!(scan_id(b"garbage", b"more"), None);
+    }
+
+    #[test]
+    fn scan_response_id_only_for_response_shapes() {
+        // Python and TypeScript SDK key orders, cut short.
+        assert_eq!(
+            scan_response_id(br#"{"jsonrpc":"2.0","id":5,"result":{"content":[{"type":"te"#)
+                .as_deref(),
+            Some("5")
+        );
+        assert_eq!(
+            scan_response_id(br#"{"result":{"x":1},"jsonrpc":"2.0","id":"q-1"#).as_deref(),
+            None,
+            "an unterminated string id is not guessed"
+        );
+        assert_eq!(
+            scan_response_id(br#"{"result":{"x":1,,},"jsonrpc":"2.0","id":"q-1"}"#).as_deref(),
+            Some("\"q-1\"")
+        );
+        assert_eq!(
+            scan_response_id(br#"{"jsonrpc":"2.0","id":9,"error":{"code":-1,"message":"#)
+                .as_deref(),
+            Some("9")
+        );
+        // A notification or request whose params carry an "id" is not a response.
+        assert_eq!(
+            scan_response_id(
+                br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"data":{"id":5,"result":1"#
+            ),
+            None
+        );
+        assert_eq!(
+            scan_response_id(br#"{"method":"sampling/createMessage","params":{},"id":3,"#),
+            None
+        );
+        assert_eq!(scan_response_id(b"{not json"), None);
+        assert_eq!(scan_response_id(b""), None);
+        // A long broken response: the id is read from its ends.
+        let mut long = br#"{"jsonrpc":"2.0","id":77,"result":{"text":""#.to_vec();
+        long.extend(std::iter::repeat(b'x').take(100_000));
+        assert_eq!(scan_response_id(&long).as_deref(), Some("77"));
     }
 
     #[test]

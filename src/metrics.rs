@@ -72,7 +72,7 @@ impl EndReason {
 }
 
 /// Kinds of upstream error (label of `mcp_resume_upstream_errors_total`).
-pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
+pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
     "connect",
     "status",
     "stream_error",
@@ -81,6 +81,7 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 8] = [
     "post_timeout",
     "oversized_event",
     "bad_event",
+    "request_timeout",
 ];
 
 /// All metric handles. Cloning is cheap (handles are reference counted).

@@ -7,7 +7,7 @@
 //! the stream of the request that asked for it, everything else to the session's default stream)
 //! and appends it to the log. Clients never read from the upstream, only from the log.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::echo;
 use crate::error::{Error, Result};
 use crate::jsonrpc;
 use crate::log::cursor::SessionId;
@@ -28,11 +29,48 @@ use crate::upstream::{
     self, HttpClient, UpstreamItem, UpstreamLink, UpstreamReader, UpstreamSettings,
 };
 
+/// Ids of requests answered by their timeout, remembered per session so that a late upstream
+/// response to one is dropped rather than delivered as a second answer.
+const LATE_IDS: usize = 1024;
+
 /// A request forwarded upstream and not yet answered.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 struct Inflight {
     stream: StreamTag,
     progress_token: Option<String>,
+    /// Tells this forwarding of the id from an earlier one (a client may reuse an answered id).
+    serial: u64,
+    /// The `upstream.request_timeout_secs` timer, when there is one.
+    timer: Option<TimerGuard>,
+}
+
+/// Aborts a request's timeout task when its in-flight record goes (answered, aborted, forgotten),
+/// so a busy session does not keep one sleeping task per answered request.
+#[derive(Debug)]
+struct TimerGuard(Option<tokio::task::AbortHandle>);
+
+impl TimerGuard {
+    /// Lets the task run on: it is the timer itself, answering the request.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for TimerGuard {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+/// The log kind of an answer on `stream`: it ends a POST stream.
+fn answer_kind(stream: StreamTag) -> Kind {
+    if stream.is_post() {
+        Kind::Final
+    } else {
+        Kind::Message
+    }
 }
 
 struct State {
@@ -47,6 +85,10 @@ struct State {
     last_detach: Instant,
     ended: bool,
     pump: Option<tokio::task::AbortHandle>,
+    /// Last [`Inflight::serial`] handed out.
+    next_serial: u64,
+    /// Requests answered by their timeout, most recent last (at most [`LATE_IDS`]).
+    timed_out: VecDeque<String>,
 }
 
 /// A live session.
@@ -174,11 +216,18 @@ impl Session {
         if let Some(id) = &request_id {
             {
                 let mut st = self.lock();
+                st.next_serial += 1;
+                let serial = st.next_serial;
+                let timer = reg.cfg.request_timeout().map(|after| {
+                    self.time_out_after(reg.log.clone(), reg.metrics.clone(), id, serial, after)
+                });
                 st.inflight.insert(
                     id.clone(),
                     Inflight {
                         stream,
                         progress_token: peek.progress_token.clone(),
+                        serial,
+                        timer,
                     },
                 );
                 if let Some(t) = &peek.progress_token {
@@ -222,34 +271,176 @@ impl Session {
         Some(inf)
     }
 
-    /// Routes one upstream message: returns its stream, kind, and the in-flight request it answers.
-    fn route(&self, payload: &[u8], metrics: &Metrics) -> (StreamTag, Kind, Option<String>) {
-        let Some(p) = jsonrpc::peek(payload) else {
-            metrics.upstream_error("bad_event");
-            tracing::warn!(session = %self.id, bytes = payload.len(), "upstream message is not a JSON-RPC object; delivered as is on the default stream");
-            return (self.default_stream, Kind::Message, None);
+    /// Was `id` answered by its timeout? (Forgets it: a second late response is not expected.)
+    fn timed_out(&self, id: &str) -> bool {
+        let mut st = self.lock();
+        match st.timed_out.iter().position(|t| t == id) {
+            Some(i) => {
+                st.timed_out.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The logged answer to in-flight request `id`: a JSON-RPC error on its stream that completes
+    /// its in-flight record (in the same write).
+    fn error_answer(
+        &self,
+        id: String,
+        inf: &Inflight,
+        code: i64,
+        message: &str,
+        data: serde_json::Value,
+        received: Instant,
+    ) -> NewEvent {
+        let body = jsonrpc::error_response(&id, code, message, data);
+        NewEvent {
+            stream: inf.stream,
+            kind: answer_kind(inf.stream),
+            payload: Bytes::from(body),
+            received,
+            completes: Some(id),
+        }
+    }
+
+    /// Routes one upstream message to its log event (a response to the stream of its request, a
+    /// progress notification to the stream that asked for it, the rest to the default stream);
+    /// `None` when it is dropped.
+    fn route(&self, payload: Bytes, received: Instant, metrics: &Metrics) -> Option<NewEvent> {
+        let event = |stream, kind, payload, completes| NewEvent {
+            stream,
+            kind,
+            payload,
+            received,
+            completes,
+        };
+        let Some(p) = jsonrpc::peek(&payload) else {
+            return self.bad_event(payload, received, metrics);
         };
         if p.is_response {
-            if let Some(id) = &p.id {
-                if let Some(inf) = self.forget(id) {
-                    let kind = if inf.stream.is_post() {
-                        Kind::Final
-                    } else {
-                        Kind::Message
-                    };
-                    return (inf.stream, kind, Some(id.clone()));
+            if let Some(id) = p.id {
+                if let Some(inf) = self.forget(&id) {
+                    return Some(event(inf.stream, answer_kind(inf.stream), payload, Some(id)));
+                }
+                if self.timed_out(&id) {
+                    // Its request was answered with -32093 already: one answer per request.
+                    metrics.dropped("late_response");
+                    tracing::debug!(session = %self.id, request_id = echo::clip(&id), "late upstream response to a timed-out request dropped");
+                    return None;
                 }
             }
-            return (self.default_stream, Kind::Message, None);
+            return Some(event(self.default_stream, Kind::Message, payload, None));
         }
         if p.method.as_deref() == Some("notifications/progress") {
             if let Some(t) = &p.progress_token {
                 if let Some(&s) = self.lock().progress.get(t) {
-                    return (s, Kind::Message, None);
+                    return Some(event(s, Kind::Message, payload, None));
                 }
             }
         }
-        (self.default_stream, Kind::Message, None)
+        Some(event(self.default_stream, Kind::Message, payload, None))
+    }
+
+    /// An upstream message that is not a JSON-RPC object (not JSON, not UTF-8). When it reads like
+    /// the response to a request in flight ([`jsonrpc::scan_response_id`]) that request is answered
+    /// with a logged -32092 instead, so its client await resolves (and a POST stream ends);
+    /// otherwise it is delivered as is on the default stream. Counted and logged once either way.
+    fn bad_event(&self, payload: Bytes, received: Instant, metrics: &Metrics) -> Option<NewEvent> {
+        metrics.upstream_error("bad_event");
+        let id = jsonrpc::scan_response_id(&payload);
+        let inflight = id
+            .as_ref()
+            .and_then(|id| self.forget(id).map(|inf| (id.clone(), inf)));
+        if let Some((id, inf)) = inflight {
+            metrics.dropped("bad_event");
+            tracing::warn!(session = %self.id, bytes = payload.len(), request_id = echo::clip(&id), "upstream response is not valid JSON-RPC; its request is answered with -32092");
+            return Some(self.error_answer(
+                id,
+                &inf,
+                jsonrpc::UNDELIVERABLE,
+                "upstream response was not valid JSON-RPC and was dropped",
+                serde_json::json!({"reason": "bad_event", "bytes": payload.len()}),
+                received,
+            ));
+        }
+        if let Some(id) = id.filter(|id| self.timed_out(id)) {
+            metrics.dropped("late_response");
+            tracing::warn!(session = %self.id, bytes = payload.len(), request_id = echo::clip(&id), "upstream message is not valid JSON-RPC, a late response to a timed-out request; dropped");
+            return None;
+        }
+        tracing::warn!(session = %self.id, bytes = payload.len(), "upstream message is not a JSON-RPC object; delivered as is on the default stream");
+        Some(NewEvent {
+            stream: self.default_stream,
+            kind: Kind::Message,
+            payload,
+            received,
+            completes: None,
+        })
+    }
+
+    /// Starts the `upstream.request_timeout_secs` timer of request `id` (forwarding `serial`).
+    fn time_out_after(
+        self: &Arc<Self>,
+        log: Arc<Log>,
+        metrics: Metrics,
+        id: &str,
+        serial: u64,
+        after: Duration,
+    ) -> TimerGuard {
+        // Weak: a pending timer does not keep an ended session alive.
+        let session = Arc::downgrade(self);
+        let id = id.to_string();
+        let task = tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Some(s) = session.upgrade() {
+                s.time_out(&log, &metrics, id, serial, after).await;
+            }
+        });
+        TimerGuard(Some(task.abort_handle()))
+    }
+
+    /// Answers request `id` with a logged -32093 if this forwarding of it (`serial`) is still
+    /// unanswered. The answer completes its in-flight record in the same write, so a restart does
+    /// not answer it again; a late upstream response to it is dropped ([`Session::route`]).
+    async fn time_out(&self, log: &Log, metrics: &Metrics, id: String, serial: u64, after: Duration) {
+        // Ordered against the pump like its own appends, and against `Registry::end`: a response
+        // routed first wins; one routed after this finds the request timed out.
+        let _gate = self.pump_gate.lock().await;
+        let inf = {
+            let mut st = self.lock();
+            if st.ended || st.inflight.get(&id).map(|i| i.serial) != Some(serial) {
+                return;
+            }
+            let Some(mut inf) = st.inflight.remove(&id) else {
+                return;
+            };
+            if let Some(t) = &inf.progress_token {
+                st.progress.remove(t);
+            }
+            if let Some(timer) = inf.timer.take() {
+                timer.disarm(); // this task: it must not abort itself mid-answer
+            }
+            if st.timed_out.len() >= LATE_IDS {
+                st.timed_out.pop_front();
+            }
+            st.timed_out.push_back(id.clone());
+            inf
+        };
+        let secs = after.as_secs();
+        metrics.upstream_error("request_timeout");
+        tracing::warn!(session = %self.id, request_id = echo::clip(&id), timeout_secs = secs, "request unanswered within upstream.request_timeout_secs; answered with -32093");
+        let answer = self.error_answer(
+            id,
+            &inf,
+            jsonrpc::REQUEST_TIMEOUT,
+            &format!("upstream did not answer within {secs} s (upstream.request_timeout_secs)"),
+            serde_json::json!({"reason": "request_timeout", "timeout_secs": secs}),
+            Instant::now(),
+        );
+        if let Err(e) = log.append_nowait(&self.log, answer).await {
+            tracing::error!(session = %self.id, error = %e, "cannot log a request's timeout answer");
+        }
     }
 
     /// Reads the upstream stream until it ends, logging every message. Ends the session when the
@@ -312,43 +503,27 @@ impl Session {
                     tracing::warn!(session = %self.id, event = ?ev.event, "upstream event of unknown type ignored");
                     return None;
                 }
-                let (stream, kind, completes) = self.route(&ev.data, metrics);
-                Some(NewEvent {
-                    stream,
-                    kind,
-                    payload: ev.data,
-                    received,
-                    completes,
-                })
+                self.route(ev.data, received, metrics)
             }
             UpstreamItem::Oversized { len, head, tail } => {
                 metrics.upstream_error("oversized_event");
                 metrics.dropped("oversized_event");
-                let id = jsonrpc::scan_id(&head, &tail);
+                let id = jsonrpc::scan_id(&head, &tail)
+                    .filter(|_| jsonrpc::looks_like_response(&head));
                 let inflight = id
                     .as_ref()
                     .and_then(|id| self.forget(id).map(|i| (id.clone(), i)));
-                tracing::error!(session = %self.id, bytes = len, request_id = ?id, answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
+                tracing::error!(session = %self.id, bytes = len, request_id = ?id.as_deref().map(echo::clip), answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
                 let (id, inf) = inflight?;
                 // Answer the request it belonged to, so the client's await resolves.
-                let body = jsonrpc::error_response(
-                    &id,
+                Some(self.error_answer(
+                    id,
+                    &inf,
                     jsonrpc::UNDELIVERABLE,
                     "upstream response exceeded upstream.max_event_bytes and was dropped",
                     serde_json::json!({"reason": "oversized_event", "bytes": len}),
-                );
-                let kind = if inf.stream.is_post() {
-                    Kind::Final
-                } else {
-                    Kind::Message
-                };
-                Some(NewEvent {
-                    stream: inf.stream,
-                    kind,
-                    payload: Bytes::from(body),
                     received,
-                    completes: Some(id),
-                })
+                ))
             }
         }
     }
@@ -448,6 +623,8 @@ impl Registry {
                 last_detach: Instant::now(),
                 ended: false,
                 pump: None,
+                next_serial: 0,
+                timed_out: VecDeque::new(),
             }),
             pump_gate: tokio::sync::Mutex::new(()),
         });

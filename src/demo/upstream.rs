@@ -149,6 +149,8 @@ struct Gone;
 enum Fail {
     Rpc(i64, String),
     Gone,
+    /// The tool wrote its own (deliberately broken) response: send none.
+    Answered,
 }
 
 impl From<Gone> for Fail {
@@ -537,7 +539,7 @@ async fn handle_request(
         Err(Fail::Rpc(code, message)) => {
             json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
         }
-        Err(Fail::Gone) => return,
+        Err(Fail::Gone | Fail::Answered) => return,
     };
     let _ = session.send_json(&msg).await;
 }
@@ -568,7 +570,7 @@ fn tools_list() -> Value {
              "size": int("padding bytes per event (default 0)")}}},
         {"name": "misbehave", "description": "Failure injection on this session's SSE stream.",
          "inputSchema": {"type": "object", "required": ["kind"], "properties": {"kind": {
-             "type": "string", "enum": ["oversized", "malformed_json", "bad_utf8", "close"]}}}},
+             "type": "string", "enum": ["oversized", "malformed_json", "malformed_response", "bad_utf8", "close"]}}}},
     ]})
 }
 
@@ -665,6 +667,17 @@ async fn call_tool(
                     v
                 }
                 "malformed_json" => b"{not json".to_vec(),
+                "malformed_response" => {
+                    // The call's own response, cut short: its request is answered only by
+                    // bytes that are not JSON (an id is still readable at their start).
+                    let broken = format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"result":{{"content":[{{"type":"text","text":"misbehaved malformed_response"#
+                    );
+                    session
+                        .send_frame(session.frame("message", broken.as_bytes()))
+                        .await?;
+                    return Err(Fail::Answered);
+                }
                 "bad_utf8" => {
                     let head = br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","logger":"misbehave","data":"bad "#;
                     [&head[..], b"\xff\xfe", br#" utf8"}}"#].concat()
@@ -1101,6 +1114,14 @@ mod tests {
             .await;
         assert!(std::str::from_utf8(&c.next().await.unwrap().data).is_err());
         assert_eq!(c.next_json().await["id"], 3);
+        c.post(
+            up.addr,
+            &call(6, "misbehave", json!({"kind": "malformed_response"})),
+        )
+        .await;
+        let broken = c.next().await.unwrap().data;
+        assert!(serde_json::from_slice::<Value>(&broken).is_err());
+        assert!(broken.starts_with(br#"{"jsonrpc":"2.0","id":6,"result":"#));
         c.post(up.addr, &call(4, "misbehave", json!({"kind": "close"})))
             .await;
         assert!(
