@@ -8,6 +8,7 @@
 //! and appends it to the log. Clients never read from the upstream, only from the log.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -539,6 +540,19 @@ pub struct Registry {
     upstream: UpstreamSettings,
     client: HttpClient,
     live: Mutex<HashMap<SessionId, Arc<Session>>>,
+    /// Sessions being opened: slots taken before their upstream connect (see [`Slot`]).
+    opening: AtomicUsize,
+}
+
+/// A session slot taken before the upstream connect, so `sessions.max_sessions` holds however
+/// many opens run at once: live sessions plus slots never exceed it. Given back on drop — by a
+/// failed open, or by a successful one under the registry lock as its session becomes live.
+struct Slot<'a>(&'a AtomicUsize);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for Registry {
@@ -557,6 +571,7 @@ impl Registry {
             log,
             metrics,
             live: Mutex::new(HashMap::new()),
+            opening: AtomicUsize::new(0),
         })
     }
 
@@ -579,8 +594,8 @@ impl Registry {
         self.lock().len()
     }
 
-    /// Opens a new session: makes room if needed, connects upstream, creates the log and starts
-    /// the pump.
+    /// Opens a new session: takes a slot (making room if needed), connects upstream, creates the
+    /// log and starts the pump.
     ///
     /// # Errors
     /// [`Error::Capacity`] when no room can be made; upstream connect errors; store errors.
@@ -589,7 +604,7 @@ impl Registry {
         facade: Facade,
         protocol_version: Option<String>,
     ) -> Result<Arc<Session>> {
-        self.make_room().await?;
+        let slot = self.make_room().await?;
         let (link, reader) = match upstream::connect(&self.upstream, &self.client).await {
             Ok(x) => x,
             Err(e) => {
@@ -628,7 +643,12 @@ impl Registry {
             }),
             pump_gate: tokio::sync::Mutex::new(()),
         });
-        self.lock().insert(id, session.clone());
+        {
+            let mut live = self.lock();
+            live.insert(id, session.clone());
+            // Under the same lock: the slot becomes the live entry in one step.
+            drop(slot);
+        }
         let pump = tokio::spawn(session.clone().pump(self.clone(), reader));
         session.lock().pump = Some(pump.abort_handle());
         self.metrics.sessions_active.inc();
@@ -637,7 +657,9 @@ impl Registry {
         Ok(session)
     }
 
-    async fn make_room(&self) -> Result<()> {
+    /// Takes a session slot, first making room: ended logs evicted for space, and when
+    /// `sessions.max_sessions` are live or being opened, the session idle the longest is ended.
+    async fn make_room(&self) -> Result<Slot<'_>> {
         let max_total = self.cfg.log.max_total_bytes;
         if self.log.total_bytes() >= max_total {
             self.evict_ended(max_total).await;
@@ -648,25 +670,39 @@ impl Registry {
                 )));
             }
         }
-        if self.live_count() >= self.cfg.sessions.max_sessions {
-            // Evict the session that has had no client the longest.
-            let victim = self
-                .lock()
-                .values()
-                .filter_map(|s| s.idle_since().map(|t| (t, s.clone())))
-                .min_by_key(|(t, _)| *t)
-                .map(|(_, s)| s);
-            match victim {
-                Some(s) => self.end(&s, EndReason::Evicted).await,
-                None => {
+        let max = self.cfg.sessions.max_sessions;
+        let victim = {
+            // Counting and taking under one lock: concurrent opens cannot all see the last slot.
+            let mut live = self.lock();
+            let victim = if live.len() + self.opening.load(Ordering::SeqCst) < max {
+                None
+            } else {
+                // Evict the session that has had no client the longest. Its slot passes to this
+                // open here, under the lock, so no concurrent open can count it as free too.
+                let victim = live
+                    .values()
+                    .filter(|s| !s.is_ended())
+                    .filter_map(|s| s.idle_since().map(|t| (t, s.clone())))
+                    .min_by_key(|(t, _)| *t)
+                    .map(|(_, s)| s);
+                let Some(victim) = victim else {
                     return Err(Error::Capacity(format!(
                         "{} live sessions, all with clients attached (sessions.max_sessions)",
-                        self.live_count()
-                    )))
-                }
-            }
+                        live.len()
+                    )));
+                };
+                live.remove(&victim.id);
+                Some(victim)
+            };
+            self.opening.fetch_add(1, Ordering::SeqCst);
+            victim
+        };
+        let slot = Slot(&self.opening);
+        if let Some(s) = victim {
+            // Done (its gauge decremented) before this open connects upstream.
+            self.end(&s, EndReason::Evicted).await;
         }
-        Ok(())
+        Ok(slot)
     }
 
     /// Deletes the logs of ended sessions, oldest end first, until the log is under `target` bytes.
