@@ -4,11 +4,14 @@
 //! proxy in-process, sessions driven by hand, the SDK client peers) is in [`streamable`].
 //!
 //! Everything runs on 127.0.0.1, on port 0 or on ports below 32768. A missing peer fails the test
-//! with a message naming `scripts/install-peers`; nothing is ever skipped.
+//! with a message naming `scripts/install-peers`; nothing is ever skipped. SSE bodies are read
+//! with the harness's own parser ([`sse::Parser`]), never with the proxy's decoder.
 #![allow(dead_code)]
 
+pub mod sse;
 pub mod streamable;
 
+use std::collections::VecDeque;
 use std::io::BufRead;
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
@@ -17,14 +20,13 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::HeaderMap;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use mcp_resume_proxy::config::{Config, Durability};
-use mcp_resume_proxy::sse::Decoder;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -561,8 +563,8 @@ impl Resp {
             status: self.status,
             headers: self.headers,
             body: self.body,
-            buf: BytesMut::new(),
-            dec: Decoder::new(64 << 20),
+            parser: sse::Parser::new(),
+            queue: VecDeque::new(),
             conn: self.conn,
             raw: Vec::new(),
             done: false,
@@ -630,8 +632,9 @@ pub struct Sse {
     pub status: u16,
     pub headers: HeaderMap,
     body: Incoming,
-    buf: BytesMut,
-    dec: Decoder,
+    parser: sse::Parser,
+    /// Events parsed and not yet returned.
+    queue: VecDeque<Ev>,
     conn: tokio::task::JoinHandle<()>,
     /// Every byte received.
     pub raw: Vec<u8>,
@@ -678,13 +681,7 @@ impl Sse {
 
     async fn next_inner(&mut self) -> Option<Ev> {
         loop {
-            if let Some(ev) = self.dec.decode(&mut self.buf).expect("SSE decodes") {
-                let ev = Ev {
-                    id: ev.id,
-                    event: ev.event,
-                    data: ev.data,
-                    retry: ev.retry,
-                };
+            if let Some(ev) = self.queue.pop_front() {
                 assert!(
                     !self.utf8_data || std::str::from_utf8(&ev.data).is_ok(),
                     "utf-8 data: {ev:?}"
@@ -699,7 +696,8 @@ impl Sse {
                 Some(Ok(f)) => {
                     if let Ok(d) = f.into_data() {
                         self.raw.extend_from_slice(&d);
-                        self.buf.extend_from_slice(&d);
+                        let evs = self.parser.feed(&d);
+                        self.queue.extend(evs);
                     }
                 }
             }
