@@ -10,10 +10,39 @@ fn proxy() -> Command {
     Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
 }
 
+/// Holds a free loopback port (below 32768) for as long as the listener lives. While it is held,
+/// nothing else can bind it: a proxy that bound (or tried to bind) it before validating its
+/// config fails with "cannot bind", exit 1, instead of exiting 64 naming the key. (Checking the
+/// port once the proxy has exited proves nothing: an exited process holds no port.)
+fn hold_port() -> (TcpListener, u16) {
+    loop {
+        let port = support::port();
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return (l, port);
+        }
+    }
+}
+
 #[test]
 fn bad_config_exits_64_naming_the_key_before_binding() {
     let dir = tempfile::tempdir().unwrap();
-    let port = support::port();
+    // Both listeners' ports are held by the test throughout.
+    let (_listen, port) = hold_port();
+    let (_admin, admin) = hold_port();
+    let addrs =
+        format!("[listen]\naddr = \"127.0.0.1:{port}\"\n[admin]\naddr = \"127.0.0.1:{admin}\"\n");
+    let data = dir.path().join("data");
+
+    // The check can fail: a valid config on the held ports cannot start (it would bind them).
+    let path = dir.path().join("good.toml");
+    let good_data = dir.path().join("good-data");
+    let log = format!("[log]\ndir = \"{}\"\n", good_data.display());
+    std::fs::write(&path, format!("{addrs}{log}")).unwrap();
+    let out = proxy().arg("--config").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "a proxy that binds is caught");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot bind"), "{err}");
+
     let cases = [
         ("[log]\ndurabilty = \"fsync\"\n", "durabilty"),
         ("[log]\ndurability = \"maybe\"\n", "maybe"),
@@ -26,27 +55,39 @@ fn bad_config_exits_64_naming_the_key_before_binding() {
             "upstream.sse_url",
         ),
         ("[bogus]\n", "bogus"),
+        (
+            "[upstream]\nrequest_timeout_secs = 100000\n",
+            "upstream.request_timeout_secs",
+        ),
     ];
     for (text, key) in cases {
         let path = dir.path().join("bad.toml");
-        std::fs::write(
-            &path,
-            format!("[listen]\naddr = \"127.0.0.1:{port}\"\n{text}"),
-        )
-        .unwrap();
+        std::fs::write(&path, format!("{addrs}{text}")).unwrap();
         let out = proxy().arg("--config").arg(&path).output().unwrap();
-        assert_eq!(out.status.code(), Some(64), "{text}");
         let err = String::from_utf8_lossy(&out.stderr);
+        // Exit 64 (not 1, "cannot bind"): nothing was bound, or tried, before the config failed.
+        assert_eq!(out.status.code(), Some(64), "{text}: {err}");
         let lines: Vec<&str> = err.lines().collect();
         assert_eq!(lines.len(), 1, "one line: {err}");
         assert!(lines[0].contains(key), "{key} not named in: {err}");
-        // Nothing was bound: the port is still free.
-        TcpListener::bind(("127.0.0.1", port)).expect("port left unbound");
+        assert!(!data.exists(), "no data dir created for a bad config");
     }
-    let out = proxy().args(["--listen", "nonsense"]).output().unwrap();
+    // The same for values given on the command line, the held ports named there too.
+    let held = [
+        "--listen".to_string(),
+        format!("127.0.0.1:{port}"),
+        "--admin-listen".into(),
+        format!("127.0.0.1:{admin}"),
+    ];
+    let out = proxy()
+        .args(["--listen", "nonsense", "--admin-listen"])
+        .arg(format!("127.0.0.1:{admin}"))
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("listen.addr"));
     let out = proxy()
+        .args(&held)
         .args(["--config", "/nonexistent/proxy.toml"])
         .output()
         .unwrap();
