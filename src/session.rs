@@ -322,7 +322,12 @@ impl Session {
         if p.is_response {
             if let Some(id) = p.id {
                 if let Some(inf) = self.forget(&id) {
-                    return Some(event(inf.stream, answer_kind(inf.stream), payload, Some(id)));
+                    return Some(event(
+                        inf.stream,
+                        answer_kind(inf.stream),
+                        payload,
+                        Some(id),
+                    ));
                 }
                 if self.timed_out(&id) {
                     // Its request was answered with -32093 already: one answer per request.
@@ -404,7 +409,14 @@ impl Session {
     /// Answers request `id` with a logged -32093 if this forwarding of it (`serial`) is still
     /// unanswered. The answer completes its in-flight record in the same write, so a restart does
     /// not answer it again; a late upstream response to it is dropped ([`Session::route`]).
-    async fn time_out(&self, log: &Log, metrics: &Metrics, id: String, serial: u64, after: Duration) {
+    async fn time_out(
+        &self,
+        log: &Log,
+        metrics: &Metrics,
+        id: String,
+        serial: u64,
+        after: Duration,
+    ) {
         // Ordered against the pump like its own appends, and against `Registry::end`: a response
         // routed first wins; one routed after this finds the request timed out.
         let _gate = self.pump_gate.lock().await;
@@ -509,8 +521,8 @@ impl Session {
             UpstreamItem::Oversized { len, head, tail } => {
                 metrics.upstream_error("oversized_event");
                 metrics.dropped("oversized_event");
-                let id = jsonrpc::scan_id(&head, &tail)
-                    .filter(|_| jsonrpc::looks_like_response(&head));
+                let id =
+                    jsonrpc::scan_id(&head, &tail).filter(|_| jsonrpc::looks_like_response(&head));
                 let inflight = id
                     .as_ref()
                     .and_then(|id| self.forget(id).map(|i| (id.clone(), i)));

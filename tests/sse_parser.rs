@@ -39,7 +39,11 @@ fn spec_examples() {
         vec![&b"first event"[..], b"second event", b" third event"]
     );
     assert_eq!(evs[0].id.as_deref(), Some("1"));
-    assert_eq!(evs[1].id.as_deref(), Some(""), "`id` alone sets an empty id");
+    assert_eq!(
+        evs[1].id.as_deref(),
+        Some(""),
+        "`id` alone sets an empty id"
+    );
     assert_eq!(evs[2].id, None, "no id field within the third event");
     assert_eq!(p.last_event_id, "");
     // "data\n\ndata\ndata\n\ndata:" → an empty event, one "\n" event, and nothing (no blank line).
@@ -79,9 +83,16 @@ fn only_a_leading_bom_is_ignored() {
     // A BOM later in the stream is data, and a stream's first bytes that merely start like a BOM
     // are not lost.
     let evs = parse(b"data: a\n\n\xEF\xBB\xBFdata: b\n\n");
-    assert_eq!(evs.len(), 1, "the second block's field name is BOM+data: unknown");
+    assert_eq!(
+        evs.len(),
+        1,
+        "the second block's field name is BOM+data: unknown"
+    );
     let evs = parse_chunks(&[b"\xEF", b"\xBBdata: x\n\n"]).0;
-    assert!(evs.is_empty(), "EF BB then 'd' is no BOM: the line is an unknown field");
+    assert!(
+        evs.is_empty(),
+        "EF BB then 'd' is no BOM: the line is an unknown field"
+    );
     let evs = parse_chunks(&[b"\xEF\xBB\xBF\xEF\xBB\xBFdata: x\n\n"]).0;
     assert!(evs.is_empty(), "only one BOM is stripped");
 }

@@ -211,7 +211,11 @@ impl BodyError {
             )),
             BodyError::Aborted(why) => {
                 tracing::debug!(error = %why, "request body ended early; client gone");
-                close(plain(400, "text/plain", "Bad Request: incomplete request body"))
+                close(plain(
+                    400,
+                    "text/plain",
+                    "Bad Request: incomplete request body",
+                ))
             }
         }
     }
@@ -340,7 +344,12 @@ mod tests {
     #[tokio::test]
     async fn only_an_over_limit_body_is_too_large() {
         // Found while reading.
-        let b = read_body(body(&[b"0123456789", b"0123456789"], Then::End, None), 16, T).await;
+        let b = read_body(
+            body(&[b"0123456789", b"0123456789"], Then::End, None),
+            16,
+            T,
+        )
+        .await;
         assert_eq!(b.unwrap_err(), BodyError::TooLarge);
         // Declared up front: refused before reading (the body would stall).
         let b = read_body(body(&[], Then::Stall, Some(17)), 16, T).await;
