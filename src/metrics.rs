@@ -84,6 +84,15 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
     "request_timeout",
 ];
 
+/// Reasons a message could not be delivered (label of `mcp_resume_dropped_total`).
+pub const DROPPED_REASONS: [&str; 5] = [
+    "oversized_event",
+    "bad_event",
+    "late_response",
+    "non_message_event",
+    "reader_trimmed",
+];
+
 /// All metric handles. Cloning is cheap (handles are reference counted).
 #[derive(Clone)]
 pub struct Metrics {
@@ -255,6 +264,9 @@ impl Metrics {
         for kind in UPSTREAM_ERROR_KINDS {
             m.upstream_errors.with_label_values(&[kind]);
         }
+        for reason in DROPPED_REASONS {
+            m.dropped.with_label_values(&[reason]);
+        }
         m
     }
 
@@ -287,7 +299,7 @@ impl Metrics {
         self.upstream_errors.with_label_values(&[kind]).inc();
     }
 
-    /// Counts one undeliverable message.
+    /// Counts one undeliverable message (`reason`: one of [`DROPPED_REASONS`]).
     pub fn dropped(&self, reason: &'static str) {
         self.dropped.with_label_values(&[reason]).inc();
     }
@@ -342,5 +354,13 @@ mod tests {
         }
         assert!(text.contains("mcp_resume_refusals_total{reason=\"cursor_trimmed\"} 1"));
         assert!(text.contains("mcp_resume_refusals_total{reason=\"cursor_ahead\"} 0"));
+        for kind in UPSTREAM_ERROR_KINDS {
+            let series = format!("mcp_resume_upstream_errors_total{{kind=\"{kind}\"}} 0");
+            assert!(text.contains(&series), "{series}");
+        }
+        for reason in DROPPED_REASONS {
+            let series = format!("mcp_resume_dropped_total{{reason=\"{reason}\"}} 0");
+            assert!(text.contains(&series), "{series}");
+        }
     }
 }
