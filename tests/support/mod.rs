@@ -124,9 +124,14 @@ pub struct Proc {
 
 impl Proc {
     /// Spawns `cmd` with stdout piped into [`Proc::line`], stderr inherited and no stdin.
-    pub fn spawn(name: &str, mut cmd: Command) -> Proc {
+    pub fn spawn(name: &str, cmd: Command) -> Proc {
+        Proc::spawn_to(name, cmd, Stdio::inherit())
+    }
+
+    /// [`Proc::spawn`] with stderr sent to `stderr` (e.g. a file a test reads back).
+    pub fn spawn_to(name: &str, mut cmd: Command, stderr: Stdio) -> Proc {
         cmd.stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .stdin(Stdio::null());
         let mut child = cmd
             .spawn()
@@ -336,6 +341,16 @@ impl ProxyProc {
     /// `[admin]`, `[upstream]`, `[log]`) adds its line to that section (TOML forbids repeating a
     /// table), any other pair is appended as before.
     pub async fn start(upstream: &str, dir: &Path, extra: &[(&str, &str)]) -> ProxyProc {
+        ProxyProc::start_to(upstream, dir, extra, Stdio::inherit()).await
+    }
+
+    /// [`ProxyProc::start`] with the proxy's stderr (its log lines) sent to `stderr`.
+    pub async fn start_to(
+        upstream: &str,
+        dir: &Path,
+        extra: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> ProxyProc {
         let (port, admin) = (port(), port());
         let cfg_path = dir.with_extension("toml");
         let mut sections = [
@@ -365,7 +380,7 @@ impl ProxyProc {
             .arg(&cfg_path)
             .env("MCP_RESUME_PROXY_LOG", "warn");
         let p = ProxyProc {
-            proc: Proc::spawn("proxy binary", cmd),
+            proc: Proc::spawn_to("proxy binary", cmd, stderr),
             port,
             admin,
         };
