@@ -376,6 +376,16 @@ async fn client_gone_mid_body_is_not_413() {
 // ---------------------------------------------------------------------------------------------
 // 2e: client values echoed are cut to 256 bytes
 
+/// One request of the echo test: what, method, path, headers, body, expected status.
+type Case<'a> = (
+    &'a str,
+    &'a str,
+    &'a str,
+    Vec<(&'a str, &'a str)>,
+    Option<&'a str>,
+    u16,
+);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn echoed_client_values_are_cut_to_256_bytes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -408,7 +418,8 @@ async fn echoed_client_values_are_cut_to_256_bytes() {
         ("accept", "application/json, text/event-stream"),
         ("content-type", "application/json"),
     ];
-    let cases: Vec<(&str, &str, &str, Vec<(&str, &str)>, Option<&str>, u16)> = vec![
+    // (what, method, path, headers, body, status)
+    let cases: Vec<Case<'_>> = vec![
         (
             "legacy Last-Event-ID",
             "GET",
