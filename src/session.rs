@@ -65,6 +65,10 @@ impl Drop for TimerGuard {
     }
 }
 
+/// The tag of the hold [`Registry::open`] hands its caller: never a real stream (POST streams are
+/// numbered up from 2).
+const OPENING: StreamTag = StreamTag(u64::MAX);
+
 /// The log kind of an answer on `stream`: it ends a POST stream.
 fn answer_kind(stream: StreamTag) -> Kind {
     if stream.is_post() {
@@ -609,13 +613,18 @@ impl Registry {
     /// Opens a new session: takes a slot (making room if needed), connects upstream, creates the
     /// log and starts the pump.
     ///
+    /// Also returns a hold: an attachment that counts as the session's client until the caller
+    /// has attached the session's first client stream and drops it. Until then the session is not
+    /// idle, so a concurrent open cannot evict it (nor the janitor end it) before its client is
+    /// even attached; a caller that is cancelled drops the hold, and the session idles out.
+    ///
     /// # Errors
     /// [`Error::Capacity`] when no room can be made; upstream connect errors; store errors.
     pub async fn open(
         self: &Arc<Self>,
         facade: Facade,
         protocol_version: Option<String>,
-    ) -> Result<Arc<Session>> {
+    ) -> Result<(Arc<Session>, Attachment)> {
         let slot = self.make_room().await?;
         let (link, reader) = match upstream::connect(&self.upstream, &self.client).await {
             Ok(x) => x,
@@ -655,6 +664,7 @@ impl Registry {
             }),
             pump_gate: tokio::sync::Mutex::new(()),
         });
+        let hold = session.attach(OPENING, false).expect("non-exclusive");
         {
             let mut live = self.lock();
             live.insert(id, session.clone());
@@ -666,7 +676,7 @@ impl Registry {
         self.metrics.sessions_active.inc();
         self.metrics.session_started(facade);
         tracing::info!(session = %id, facade = facade.as_str(), upstream = %session.link.post_uri(), "session started");
-        Ok(session)
+        Ok((session, hold))
     }
 
     /// Takes a session slot, first making room: ended logs evicted for space, and when

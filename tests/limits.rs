@@ -234,6 +234,91 @@ async fn max_sessions_is_exact_under_concurrent_opens() {
     p.stop().await;
 }
 
+/// A session whose first client is not attached yet (its `initialize` still being forwarded) is
+/// not idle: a concurrent open that finds the proxy full gets 503 rather than evicting it.
+/// The upstream that is slow to take `initialize` is the real server-everything (it never answers
+/// a POST for a session it does not know); the SSE side is a stub whose `endpoint` points there,
+/// as in `faults.rs`, since no real peer keeps a stream open for a session its POST side forgot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_being_opened_is_not_evicted() {
+    let everything = everything().await;
+    let stub = tokio::net::TcpListener::bind(("127.0.0.1", port()))
+        .await
+        .unwrap();
+    let stub_url = format!("http://{}/sse", stub.local_addr().unwrap());
+    let endpoint = format!(
+        "http://127.0.0.1:{}/message?sessionId=00000000-0000-4000-8000-000000000000",
+        everything.port
+    );
+    let stub_task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (mut s, _) = stub.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = s.read(&mut buf).await.unwrap();
+            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+            let _ = s
+                .write_all(format!("{head}event: endpoint\ndata: {endpoint}\n\n").as_bytes())
+                .await;
+            held.push(s);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&stub_url, dir.path(), |c| {
+        c.sessions.max_sessions = 1;
+        c.upstream.post_timeout_secs = 3;
+    })
+    .await;
+    let admin = format!("http://{}/metrics", p.admin_addr);
+    let addr = p.addr;
+    let init = tokio::spawn(async move {
+        let h = [
+            ("accept", "application/json, text/event-stream"),
+            ("content-type", "application/json"),
+        ];
+        send(addr, "POST", "/mcp", &h, Some(INIT)).await.status
+    });
+    // The initialize is in flight upstream: its session is live, its POST stream not attached.
+    let deadline = Instant::now() + WAIT;
+    while metric(&admin, "mcp_resume_sessions_active").await < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "initialize never opened a session"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = send(
+        p.addr,
+        "GET",
+        "/sse",
+        &[("accept", "text/event-stream")],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 503, "the opening session was evicted instead");
+    assert_eq!(
+        metric(
+            &admin,
+            "mcp_resume_sessions_ended_total{reason=\"evicted\"}"
+        )
+        .await,
+        0.0
+    );
+    // The upstream never takes the initialize: 504, and that session ends; then there is room.
+    assert_eq!(init.await.unwrap(), 504);
+    let r = send(
+        p.addr,
+        "GET",
+        "/sse",
+        &[("accept", "text/event-stream")],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    p.stop().await;
+    stub_task.abort();
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2b: listen.body_timeout_secs
 

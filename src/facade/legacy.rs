@@ -49,7 +49,8 @@ fn endpoint_frame(ctx: &Ctx, id: &SessionId) -> Bytes {
 }
 
 async fn open(ctx: &Arc<Ctx>) -> Resp {
-    let session = match ctx.reg.open(Facade::Legacy, None).await {
+    // `_hold` keeps the session from counting as idle until the stream below is attached.
+    let (session, _hold) = match ctx.reg.open(Facade::Legacy, None).await {
         Ok(s) => s,
         Err(e) => return error_response(&e, None),
     };

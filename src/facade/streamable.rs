@@ -362,7 +362,9 @@ async fn initialize(ctx: &Arc<Ctx>, msg: Msg, header_version: Option<String>) ->
             "invalid_params",
         );
     };
-    let session = match ctx
+    // `_hold` keeps the session from counting as idle (evictable) while `initialize` is
+    // forwarded, until its POST stream is attached.
+    let (session, _hold) = match ctx
         .reg
         .open(Facade::Streamable, Some(requested.clone()))
         .await
