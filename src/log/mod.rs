@@ -442,6 +442,8 @@ pub(crate) struct Store {
     max_total: u64,
     /// Target size of a segment file.
     seg_size: u64,
+    /// Payload bytes one writer turn takes at most (but at least one op).
+    turn_bytes: usize,
     metrics: Metrics,
     logs: Mutex<HashMap<SessionId, Arc<SessionLog>>>,
     /// Bytes of live records, all sessions (what `log.max_total_bytes` bounds).
@@ -568,6 +570,7 @@ impl Log {
             max_bytes: cfg.max_bytes_per_session,
             max_total: cfg.max_total_bytes,
             seg_size: segment_size(cfg.max_total_bytes),
+            turn_bytes: (cfg.max_total_bytes / 8).clamp(256 << 10, 8 << 20) as usize,
             metrics,
             logs: Mutex::new(HashMap::new()),
             retained: AtomicU64::new(0),

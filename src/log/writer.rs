@@ -374,6 +374,7 @@ pub(crate) fn spawn(
         pending_ends: Vec::new(),
         closed: false,
         last_retry: tokio::time::Instant::now(),
+        probe: 0,
     };
     let thread = std::thread::Builder::new()
         .name("log-writer".into())
@@ -394,6 +395,8 @@ struct Writer {
     pending_ends: Vec<PendingEnd>,
     closed: bool,
     last_retry: tokio::time::Instant,
+    /// Bytes of free space that count as "space again" after running out (0 while not degraded).
+    probe: usize,
 }
 
 /// What a record written in a turn does once the turn is durable.
@@ -549,8 +552,9 @@ impl Writer {
         let mut open = true;
         let mut stoppable = true;
         while open || !self.st.internal.is_empty() {
-            let busy = !self.st.internal.is_empty() || self.wants_compaction();
-            let retrying = !self.pending_ends.is_empty();
+            // Ops left over from a turn that reached its byte cap, records owed, compaction.
+            let busy = !ops.is_empty() || !self.st.internal.is_empty() || self.wants_compaction();
+            let retrying = !self.pending_ends.is_empty() || self.health() == Health::Degraded;
             tokio::select! {
                 biased;
                 r = &mut stopped, if stoppable => match r {
@@ -558,7 +562,7 @@ impl Writer {
                     // A dropped handle (the log dropped without `close`) is not a stop.
                     Err(_) => stoppable = false,
                 },
-                n = rx.recv_many(&mut ops, MAX_BATCH), if open => {
+                n = rx.recv_many(&mut ops, MAX_BATCH), if open && ops.len() < MAX_BATCH => {
                     if n == 0 {
                         open = false;
                     }
@@ -608,13 +612,28 @@ impl Writer {
             self.plan_internal(&mut t, i);
         }
         let due = self.health() == Health::Ok || self.last_retry.elapsed() >= RETRY_EVERY;
+        if self.health() == Health::Degraded && due {
+            self.last_retry = tokio::time::Instant::now();
+            self.probe_space();
+        }
         if !self.pending_ends.is_empty() && due {
             self.last_retry = tokio::time::Instant::now();
             for pe in std::mem::take(&mut self.pending_ends) {
                 plan_end(&mut t, pe, None);
             }
         }
-        for op in ops.drain(..) {
+        // A turn takes ops up to about `turn_bytes` of events; the rest wait for the next turn, so
+        // the bounds applied after each turn are never overshot by more than one turn.
+        let mut planned = 0usize;
+        let mut taken = 0usize;
+        for op in ops.iter() {
+            if taken > 0 && planned >= self.store.turn_bytes {
+                break;
+            }
+            planned += op_bytes(op);
+            taken += 1;
+        }
+        for op in ops.drain(..taken) {
             self.plan_op(&mut t, op);
         }
         let must_sync = t.sync || self.store.durability == Durability::Fsync;
@@ -625,14 +644,11 @@ impl Writer {
         let (buf, effects) = self.encode(&mut t);
         let written = self.write(&buf, must_sync);
         match written {
-            Ok(()) => {
-                if self.health() == Health::Degraded {
-                    tracing::info!("log storage takes writes again; ready");
-                    self.store.set_health(Health::Ok);
-                }
-                self.publish(t, effects);
+            Ok(()) => self.publish(t, effects),
+            Err(e) => {
+                self.probe = self.probe.max((buf.len() * 2).clamp(1 << 20, 64 << 20));
+                self.fail(t, e)
             }
-            Err(e) => self.fail(t, e),
         }
     }
 
@@ -711,6 +727,35 @@ impl Writer {
         }
     }
 
+    /// Degraded (out of space): has enough space returned? Writes and deletes a probe file of
+    /// twice the size of the write that failed (at least 1 MiB), so that a few freed bytes — the
+    /// failed write's own, cut off again — do not make readiness flap.
+    fn probe_space(&mut self) {
+        use std::io::Write;
+        let path = self.store.dir.join(".space-probe");
+        let want = self.probe;
+        let probe = (|| -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&path)?;
+            let block = vec![0u8; 64 * 1024];
+            let mut left = want;
+            while left > 0 {
+                let n = left.min(block.len());
+                f.write_all(&block[..n])?;
+                left -= n;
+            }
+            Ok(())
+        })();
+        let _ = std::fs::remove_file(&path);
+        match probe {
+            Ok(()) => {
+                tracing::info!(probe_bytes = want, "log storage has space again; ready");
+                self.probe = 0;
+                self.store.set_health(Health::Ok);
+            }
+            Err(e) => tracing::debug!(error = %e, probe_bytes = want, "log storage still full"),
+        }
+    }
+
     fn fatal(&mut self, e: &StoreError) {
         self.store.metrics.store_errors.inc();
         tracing::error!(error = %e, "log storage failed; the log takes no more writes");
@@ -769,8 +814,14 @@ impl Writer {
                 t.acks.push(done);
             }
             Op::Append { log, evs, done } => {
-                if log.lock().phase != Phase::Open {
-                    tracing::debug!(session = %log.id, events = evs.len(), "append after the session's end refused");
+                let refused = {
+                    let st = log.lock();
+                    // After a lost append nothing more is logged for the session: later events
+                    // under contiguous ids would hide the lost ones.
+                    st.phase != Phase::Open || st.failed
+                };
+                if refused {
+                    tracing::debug!(session = %log.id, events = evs.len(), "append after the session's end or a lost append refused");
                     if let Some(d) = done {
                         let _ = d.send(Err(StoreError::SessionEnded));
                     }
@@ -1566,6 +1617,14 @@ impl Writer {
                 tracing::error!(segment = id, error = %e, "cannot delete a compacted segment");
             }
         }
+    }
+}
+
+/// Payload bytes an op carries.
+fn op_bytes(op: &Op) -> usize {
+    match op {
+        Op::Append { evs, .. } | Op::End { evs, .. } => evs.iter().map(|e| e.payload.len()).sum(),
+        _ => 0,
     }
 }
 
