@@ -200,6 +200,14 @@ impl Chunk {
         self.first + self.count
     }
 
+    fn loc(&self) -> image::Loc {
+        image::Loc {
+            seg: self.seg.id,
+            off: self.off,
+            len: self.len,
+        }
+    }
+
     fn entry(&self) -> image::ChunkEntry {
         image::ChunkEntry {
             first: self.first,
@@ -388,6 +396,206 @@ impl SessionLog {
     fn wake(&self) {
         let head = self.lock().ranges.head;
         self.head_tx.send_replace(head);
+    }
+
+    // --- state changes, by the writer (and recovery) only ---
+
+    /// Drops everything held (the log was deleted); returns its chunks, now dead.
+    fn clear_removed(&self) -> VecDeque<Chunk> {
+        let mut st = self.lock();
+        st.phase = Phase::Removed;
+        st.window.clear();
+        st.window_bytes = 0;
+        st.bytes = 0;
+        std::mem::take(&mut st.chunks)
+    }
+
+    /// Trims the oldest events while the log is over `max_events` or `max_bytes`, to 90% of them
+    /// (so a busy session trims in batches, not on every append). Never trims the head. Chunks
+    /// wholly before the new oldest seq are dropped and their places returned (they are dead); the
+    /// boundary chunk is kept, the bytes of its trimmed events counted out. `None` when nothing
+    /// was trimmed.
+    fn trim(&self, max_events: u64, max_bytes: u64) -> Option<Vec<image::Loc>> {
+        let mut dead = Vec::new();
+        let mut st = self.lock();
+        let count = (st.ranges.head + 1).saturating_sub(st.ranges.oldest);
+        if st.phase == Phase::Removed || (count <= max_events && st.bytes <= max_bytes) {
+            return None;
+        }
+        let target_n = max_events - max_events / 10;
+        let target_b = max_bytes - max_bytes / 10;
+        let head = st.ranges.head;
+        let mut oldest = st.ranges.oldest;
+        let mut n = count;
+        let mut b = st.bytes;
+        while (n > target_n || b > target_b) && oldest < head {
+            let Some(c) = st.chunks.front() else { break };
+            let in_n = c.end() - oldest;
+            let in_b = c.payload - c.skipped;
+            if c.end() <= head && (n - in_n > target_n || b - in_b > target_b) {
+                // Still over without this whole chunk: it goes.
+                n -= in_n;
+                b -= in_b;
+                oldest = c.end();
+                dead.push(st.chunks.pop_front().expect("front").loc());
+                continue;
+            }
+            // The boundary: event by event, with sizes from the window or the chunk itself.
+            let sizes: Vec<u64> = if st.window.front().is_some_and(|w| w.seq <= c.first) {
+                st.window
+                    .iter()
+                    .filter(|e| e.seq >= c.first && e.seq < c.end())
+                    .map(|e| e.payload.len() as u64)
+                    .collect()
+            } else {
+                match image::read_chunk_at(&c.seg, &c.entry()) {
+                    Ok(evs) => evs.iter().map(|e| e.payload.len() as u64).collect(),
+                    Err(e) => {
+                        tracing::error!(session = %self.id, error = %e, "cannot read a chunk to trim it");
+                        break;
+                    }
+                }
+            };
+            let (first, end) = (c.first, c.end());
+            let mut skipped = c.skipped;
+            while (n > target_n || b > target_b) && oldest < head && oldest < end {
+                let sz = sizes.get((oldest - first) as usize).copied().unwrap_or(0);
+                n -= 1;
+                b -= sz.min(b);
+                skipped += sz;
+                oldest += 1;
+            }
+            if oldest >= end {
+                dead.push(st.chunks.pop_front().expect("front").loc());
+            } else if let Some(c) = st.chunks.front_mut() {
+                c.skipped = skipped;
+            }
+            break;
+        }
+        if oldest == st.ranges.oldest {
+            return None;
+        }
+        st.ranges.oldest = oldest;
+        st.bytes = b;
+        st.drop_window_before(oldest);
+        Some(dead)
+    }
+
+    /// The next seq and the epoch it is logged in.
+    fn assign(&self) -> (u64, u32) {
+        let mut st = self.lock();
+        st.assigned += 1;
+        (st.assigned, st.ranges.current_epoch())
+    }
+
+    /// The highest seq handed out.
+    fn assigned(&self) -> u64 {
+        self.lock().assigned
+    }
+
+    /// Takes back the seqs handed out to a write that failed (no holes, I2).
+    fn roll_back(&self) {
+        let mut st = self.lock();
+        st.assigned = st.ranges.head;
+    }
+
+    /// Does the log take appends (not ending, not ended, no append lost)?
+    fn takes_appends(&self) -> bool {
+        let st = self.lock();
+        st.phase == Phase::Open && !st.failed
+    }
+
+    /// Marks an append of this session as lost; `true` the first time, while the session is open.
+    fn mark_failed(&self) -> bool {
+        let mut st = self.lock();
+        let first = st.phase == Phase::Open && !st.failed;
+        st.failed = true;
+        first
+    }
+
+    /// Starts the end: no more appends; the meta says why and when. `false` if it already began.
+    fn begin_end(&self, reason: EndReason) -> bool {
+        let mut st = self.lock();
+        if st.phase != Phase::Open {
+            return false;
+        }
+        st.phase = Phase::Ending;
+        st.meta.ended = Some(reason);
+        st.meta.ended_unix = Some(unix_now());
+        true
+    }
+
+    /// The meta as JSON, for its record.
+    fn meta_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.lock().meta).expect("meta serialises")
+    }
+
+    /// A request is durably in flight.
+    fn set_inflight(&self, id: String, stream: StreamTag) {
+        self.lock().inflight.insert(id, stream);
+    }
+
+    /// A request is no longer in flight.
+    fn clear_inflight(&self, id: &str) {
+        self.lock().inflight.remove(id);
+    }
+
+    /// A durable chunk: appended to the index, its events published.
+    fn publish_chunk(&self, chunk: Chunk, events: &[Arc<Event>]) {
+        let mut st = self.lock();
+        st.chunks.push_back(chunk);
+        for ev in events {
+            st.publish(ev);
+            if ev.kind == Kind::End {
+                st.phase = Phase::Ended;
+            }
+        }
+    }
+
+    /// Where the chunk starting at `first` is, if retained.
+    fn chunk_place(&self, first: u64) -> Option<image::Loc> {
+        let st = self.lock();
+        let c = &st.chunks[st.chunk_index(first)?];
+        (c.first == first).then(|| c.loc())
+    }
+
+    /// The chunk starting at `first` was copied from `old` to `off` in `seg`: points it there.
+    /// `false` when it is no longer at `old` (trimmed or removed meanwhile).
+    fn relocate_chunk(&self, first: u64, old: image::Loc, seg: Arc<Segment>, off: u64) -> bool {
+        let mut st = self.lock();
+        let Some(i) = st.chunk_index(first) else {
+            return false;
+        };
+        let c = &mut st.chunks[i];
+        if c.first != first || c.loc() != old {
+            return false;
+        }
+        c.seg = seg;
+        c.off = off;
+        true
+    }
+
+    /// Events and payload bytes retained, and the number of chunks.
+    fn size(&self) -> (u64, u64, usize) {
+        let st = self.lock();
+        (
+            (st.ranges.head + 1).saturating_sub(st.ranges.oldest),
+            st.bytes,
+            st.chunks.len(),
+        )
+    }
+
+    /// The oldest retained seq.
+    fn oldest(&self) -> u64 {
+        self.lock().ranges.oldest
+    }
+
+    /// Recovery: what the log holds of the session.
+    fn restore(&self, bytes: u64, chunks: VecDeque<Chunk>, inflight: HashMap<String, StreamTag>) {
+        let mut st = self.lock();
+        st.bytes = bytes;
+        st.chunks = chunks;
+        st.inflight = inflight;
     }
 }
 

@@ -33,7 +33,7 @@ use super::image::{Image, Loc};
 use super::record::{self, ChunkBuilder, Type};
 use super::segment::{self, Segment};
 use super::{
-    unix_now, Ack, Chunk, Event, Health, Interrupted, Kind, Op, Phase, Recovery, SessionLog, Store,
+    unix_now, Ack, Chunk, Event, Health, Interrupted, Kind, Op, Recovery, SessionLog, Store,
     StreamTag,
 };
 use crate::config::Durability;
@@ -250,17 +250,12 @@ pub(crate) fn recover(
             birth(&mut segs, l);
         }
         let mut owed = Vec::new();
-        {
-            let mut st = sl.lock();
-            st.bytes = bytes;
-            st.chunks = chunks;
-            for (req, e) in &s.inflight {
-                st.inflight.insert(req.clone(), e.stream);
-                w.inflight.insert(req.clone(), e.loc);
-                birth(&mut segs, e.loc);
-                owed.push((req.clone(), e.stream));
-            }
+        for (req, e) in &s.inflight {
+            w.inflight.insert(req.clone(), e.loc);
+            birth(&mut segs, e.loc);
+            owed.push((req.clone(), e.stream));
         }
+        sl.restore(bytes, chunks, owed.iter().cloned().collect());
         if rewrite_meta {
             internal.push(Internal::Meta(sl.clone()));
         }
@@ -500,11 +495,7 @@ impl Turn {
         received: tokio::time::Instant,
         completes: Option<String>,
     ) -> u64 {
-        let (seq, epoch) = {
-            let mut st = log.lock();
-            st.assigned += 1;
-            (st.assigned, st.ranges.current_epoch())
-        };
+        let (seq, epoch) = log.assign();
         let b = self.building(log);
         if b.cur
             .as_ref()
@@ -781,10 +772,10 @@ impl Writer {
             }
             Internal::Meta(log) => t.inline.push(meta_item(&log)),
             Internal::Trim(log) => {
-                if log.lock().phase == Phase::Removed {
+                if log.removed() {
                     return;
                 }
-                let oldest = log.lock().ranges.oldest;
+                let oldest = log.oldest();
                 let mut b = Vec::new();
                 record::trim(&mut b, &log.id, oldest);
                 t.inline.push(Item {
@@ -814,13 +805,9 @@ impl Writer {
                 t.acks.push(done);
             }
             Op::Append { log, evs, done } => {
-                let refused = {
-                    let st = log.lock();
-                    // After a lost append nothing more is logged for the session: later events
-                    // under contiguous ids would hide the lost ones.
-                    st.phase != Phase::Open || st.failed
-                };
-                if refused {
+                // After a lost append nothing more is logged for the session: later events under
+                // contiguous ids would hide the lost ones.
+                if !log.takes_appends() {
                     tracing::debug!(session = %log.id, events = evs.len(), "append after the session's end or a lost append refused");
                     if let Some(d) = done {
                         let _ = d.send(Err(StoreError::SessionEnded));
@@ -849,7 +836,7 @@ impl Writer {
                 stream,
                 done,
             } => {
-                let registered_at = log.lock().assigned;
+                let registered_at = log.assigned();
                 let mut b = Vec::new();
                 record::inflight(&mut b, &log.id, stream, registered_at, &request_id);
                 t.inline.push(Item {
@@ -880,16 +867,10 @@ impl Writer {
                 evs,
                 done,
             } => {
-                {
-                    let mut st = log.lock();
-                    if st.phase != Phase::Open {
-                        drop(st);
-                        let _ = done.send(Ok(0));
-                        return;
-                    }
-                    st.phase = Phase::Ending;
-                    st.meta.ended = Some(reason);
-                    st.meta.ended_unix = Some(unix_now());
+                if !log.begin_end(reason) {
+                    // Idempotent: the end is already written or on its way.
+                    let _ = done.send(Ok(0));
+                    return;
                 }
                 let mut evs: Vec<_> = evs
                     .into_iter()
@@ -982,13 +963,7 @@ impl Writer {
             | Op::Flush { done }
             | Op::Close { done } => Some(done),
             Op::Append { log, done, .. } => {
-                let first = {
-                    let mut st = log.lock();
-                    let first = st.phase == Phase::Open && !st.failed;
-                    st.failed = true;
-                    first
-                };
-                if first {
+                if log.mark_failed() {
                     let _ = self.store.failures.send(log.id);
                     log.wake();
                 }
@@ -1017,23 +992,14 @@ impl Writer {
         }
         self.compaction = t.compaction_before;
         for b in &t.building {
-            let id = {
-                let mut st = b.log.lock();
-                st.assigned = st.ranges.head;
-                if b.appended && st.phase == Phase::Open {
-                    st.failed = true;
-                    Some(b.log.id)
-                } else {
-                    None
-                }
-            };
-            if let Some(id) = id {
-                let _ = self.store.failures.send(id);
+            b.log.roll_back();
+            if b.appended && b.log.mark_failed() {
+                let _ = self.store.failures.send(b.log.id);
                 b.log.wake();
             }
         }
         for (pe, ack) in t.ends {
-            pe.log.lock().failed = true;
+            pe.log.mark_failed();
             pe.log.wake();
             if let Some(a) = ack {
                 let _ = a.send(Err(e.clone()));
@@ -1101,7 +1067,7 @@ impl Writer {
                         self.kill(o);
                     }
                     self.birth(loc);
-                    log.lock().inflight.insert(id, stream);
+                    log.set_inflight(id, stream);
                 }
                 Effect::InflightDone(log, id) => self.end_inflight(&log, &id),
                 Effect::Trim(log) => {
@@ -1126,25 +1092,16 @@ impl Writer {
                     for id in &c.completes {
                         self.end_inflight(&log, id);
                     }
-                    {
-                        let mut st = log.lock();
-                        let seg = self.st.segs[&loc.seg].seg.clone();
-                        st.chunks.push_back(Chunk {
-                            first: c.first,
-                            count: c.count,
-                            payload: c.payload,
-                            skipped: 0,
-                            seg,
-                            off: loc.off,
-                            len: loc.len,
-                        });
-                        for ev in &c.events {
-                            st.publish(ev);
-                            if ev.kind == Kind::End {
-                                st.phase = Phase::Ended;
-                            }
-                        }
-                    }
+                    let chunk = Chunk {
+                        first: c.first,
+                        count: c.count,
+                        payload: c.payload,
+                        skipped: 0,
+                        seg: self.st.segs[&loc.seg].seg.clone(),
+                        off: loc.off,
+                        len: loc.len,
+                    };
+                    log.publish_chunk(chunk, &c.events);
                     metrics.logged.inc_by(c.events.len() as u64);
                     for r in &c.received {
                         metrics.append_seconds.observe(r.elapsed().as_secs_f64());
@@ -1209,7 +1166,7 @@ impl Writer {
         if let Some(o) = old {
             self.kill(o);
         }
-        log.lock().inflight.remove(id);
+        log.clear_inflight(id);
     }
 
     /// A record copied by compaction is durable at `new`: what pointed at `old` points there.
@@ -1218,22 +1175,7 @@ impl Writer {
             MovedKey::Chunk(id, first) => {
                 let log = self.store.lock_logs().get(id).cloned();
                 let seg = self.st.segs[&new.seg].seg.clone();
-                log.is_some_and(|log| {
-                    let mut st = log.lock();
-                    match st.chunk_index(*first) {
-                        Some(i)
-                            if st.chunks[i].first == *first
-                                && st.chunks[i].seg.id == old.seg
-                                && st.chunks[i].off == old.off =>
-                        {
-                            let c = &mut st.chunks[i];
-                            c.seg = seg;
-                            c.off = new.off;
-                            true
-                        }
-                        _ => false,
-                    }
-                })
+                log.is_some_and(|log| log.relocate_chunk(*first, old, seg, new.off))
             }
             MovedKey::Session(id) => {
                 let w = self.st.ws.get_mut(id);
@@ -1288,20 +1230,8 @@ impl Writer {
             }
         }
         if let Some(log) = log {
-            let chunks = {
-                let mut st = log.lock();
-                st.phase = Phase::Removed;
-                st.window.clear();
-                st.window_bytes = 0;
-                st.bytes = 0;
-                std::mem::take(&mut st.chunks)
-            };
-            for c in chunks {
-                self.kill(Loc {
-                    seg: c.seg.id,
-                    off: c.off,
-                    len: c.len,
-                });
+            for c in log.clear_removed() {
+                self.kill(c.loc());
             }
             log.wake();
         }
@@ -1309,85 +1239,12 @@ impl Writer {
 
     // --- retention ---
 
-    /// Trims the oldest events of `log` while it is over `max_events` or `max_bytes`, to 90% of
-    /// them (so a busy session trims in batches, not on every append). Never trims the head.
-    /// Chunks wholly before the new oldest seq become dead; the boundary chunk is kept, with the
-    /// bytes of its trimmed events counted out. Returns whether anything was trimmed.
+    /// Trims `log` to its bounds (see [`SessionLog::trim`]); its chunks that became dead are
+    /// counted out and the trim record is owed. Returns whether anything was trimmed.
     fn trim_session(&mut self, log: &Arc<SessionLog>, max_events: u64, max_bytes: u64) -> bool {
-        let mut dead = Vec::new();
-        {
-            let mut st = log.lock();
-            let count = (st.ranges.head + 1).saturating_sub(st.ranges.oldest);
-            if st.phase == Phase::Removed || (count <= max_events && st.bytes <= max_bytes) {
-                return false;
-            }
-            let target_n = max_events - max_events / 10;
-            let target_b = max_bytes - max_bytes / 10;
-            let head = st.ranges.head;
-            let mut oldest = st.ranges.oldest;
-            let mut n = count;
-            let mut b = st.bytes;
-            while (n > target_n || b > target_b) && oldest < head {
-                let Some(c) = st.chunks.front() else { break };
-                let in_n = c.end() - oldest;
-                let in_b = c.payload - c.skipped;
-                if c.end() <= head && (n - in_n > target_n || b - in_b > target_b) {
-                    // Still over without this whole chunk: it goes.
-                    n -= in_n;
-                    b -= in_b;
-                    oldest = c.end();
-                    let c = st.chunks.pop_front().expect("front");
-                    dead.push(Loc {
-                        seg: c.seg.id,
-                        off: c.off,
-                        len: c.len,
-                    });
-                    continue;
-                }
-                // The boundary: event by event.
-                let sizes = match st.window.front().filter(|w| w.seq <= c.first) {
-                    Some(_) => st
-                        .window
-                        .iter()
-                        .filter(|e| e.seq >= c.first && e.seq < c.end())
-                        .map(|e| e.payload.len() as u64)
-                        .collect(),
-                    None => match read_sizes(c) {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::error!(session = %log.id, error = %e, "cannot read a chunk to trim it");
-                            break;
-                        }
-                    },
-                };
-                let (first, end) = (c.first, c.end());
-                let mut skipped = c.skipped;
-                while (n > target_n || b > target_b) && oldest < head && oldest < end {
-                    let sz = sizes.get((oldest - first) as usize).copied().unwrap_or(0);
-                    n -= 1;
-                    b -= sz.min(b);
-                    skipped += sz;
-                    oldest += 1;
-                }
-                if oldest >= end {
-                    let c = st.chunks.pop_front().expect("front");
-                    dead.push(Loc {
-                        seg: c.seg.id,
-                        off: c.off,
-                        len: c.len,
-                    });
-                } else if let Some(c) = st.chunks.front_mut() {
-                    c.skipped = skipped;
-                }
-                break;
-            }
-            if oldest == st.ranges.oldest {
-                return false;
-            }
-            st.ranges.oldest = oldest;
-            st.bytes = b;
-            st.drop_window_before(oldest);
-        }
+        let Some(dead) = log.trim(max_events, max_bytes) else {
+            return false;
+        };
         for l in dead {
             self.kill(l);
         }
@@ -1411,17 +1268,11 @@ impl Writer {
                 .store
                 .lock_logs()
                 .values()
-                .filter(|l| l.lock().chunks.len() > 1)
+                .filter(|l| l.size().2 > 1)
                 .max_by_key(|l| l.bytes())
                 .cloned();
             let Some(log) = largest else { break };
-            let (n, b) = {
-                let st = log.lock();
-                (
-                    (st.ranges.head + 1).saturating_sub(st.ranges.oldest),
-                    st.bytes,
-                )
-            };
+            let (n, b, _) = log.size();
             // Aim a little below: whole chunks free record bytes in steps.
             let want_b = b.saturating_sub(over + max / 20).max(1);
             tracing::warn!(session = %log.id, bytes = b, over, "log over log.max_total_bytes: trimming the largest live session");
@@ -1563,11 +1414,7 @@ impl Writer {
             Type::Chunk => {
                 let c = record::parse_chunk(body)?;
                 let log = self.store.lock_logs().get(&c.session).cloned()?;
-                let st = log.lock();
-                let i = st.chunk_index(c.first)?;
-                let ch = &st.chunks[i];
-                (ch.first == c.first && ch.seg.id == old.seg && ch.off == old.off)
-                    .then_some(MovedKey::Chunk(c.session, c.first))
+                (log.chunk_place(c.first)? == old).then_some(MovedKey::Chunk(c.session, c.first))
             }
             Type::Meta | Type::Trim => {
                 let id = record::session_of(body)?;
@@ -1630,7 +1477,7 @@ fn op_bytes(op: &Op) -> usize {
 
 /// The meta record of `log`, as it is now.
 fn meta_item(log: &Arc<SessionLog>) -> Item {
-    let json = serde_json::to_vec(&log.lock().meta).expect("meta serialises");
+    let json = log.meta_json();
     let mut b = Vec::new();
     record::meta(&mut b, &log.id, &json);
     Item {
