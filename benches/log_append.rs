@@ -2,7 +2,7 @@
 //!
 //! Two ways to append, at 1, 16 and 256 concurrent appenders (one session each):
 //! - `await`: each appender waits for its event to be durable and published before the next one,
-//!   the way `end_session` and tests append. The group-commit batch is at most the number of
+//!   the way a session's end and tests append. The group-commit batch is at most the number of
 //!   appenders, so this shows what batching buys when producers wait.
 //! - `nowait`: each appender queues its share with `append_nowait` (as the upstream pump of every
 //!   session does) and the run ends with one `flush`. Batches fill up to the writer's limit.
@@ -10,10 +10,9 @@
 //! Events carry a 256-byte JSON-ish payload, about what the demo upstream's `emit` sends. Retention
 //! is the default (10,000 events per session), so steady-state trimming is included.
 //!
-//! `sled_floor/*` is sled alone, without the proxy's writer, for the same 256-byte events in
-//! batches of 1,024: one key per event (the log's first layout) against one key per 64
-//! consecutive events of a session (values concatenated, as the log's chunks now store them). It
-//! shows how much of the append cost is sled's per-key work, which chunking saves.
+//! `file_floor/*` is the segment file alone, without the proxy's writer: the same 256-byte events
+//! in writes of 1,024, with and without an `fdatasync` per write. It shows what the writer adds
+//! on top of the system calls a turn cannot avoid.
 //!
 //! Run: `cargo bench --bench log_append` (about a minute and a half).
 
@@ -66,7 +65,7 @@ fn fixture(rt: &Runtime, durability: Durability) -> Fixture {
     };
     let max = *APPENDERS.iter().max().expect("levels");
     let (log, sessions) = rt.block_on(async {
-        let (log, _) = Log::open(&cfg, Metrics::new()).await.expect("open log");
+        let (log, _, _) = Log::open(&cfg, Metrics::new()).await.expect("open log");
         let mut sessions = Vec::with_capacity(max);
         for _ in 0..max {
             let sl = log
@@ -142,42 +141,39 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-/// sled alone: `per_key` events per key, batches of 1,024 events, no flush.
-fn sled_floor(c: &mut Criterion) {
+/// The file alone, without the proxy's writer: 1,024 256-byte events per write (one turn's
+/// worth), appended with `pwrite`, with and without an `fdatasync` per write.
+fn file_floor(c: &mut Criterion) {
+    use std::os::unix::fs::FileExt;
     const BATCH: u64 = 1024;
     let payload = payload();
-    let mut group = c.benchmark_group("sled_floor");
+    let mut group = c.benchmark_group("file_floor");
     group
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3))
         .throughput(Throughput::Elements(BATCH));
-    for per_key in [1u64, 64] {
+    for sync in [false, true] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let db = sled::Config::new()
-            .path(dir.path())
-            .cache_capacity(64 * 1024 * 1024)
-            .flush_every_ms(Some(200))
-            .open()
-            .expect("sled");
-        let tree = db.open_tree("events").expect("tree");
-        let value = payload.repeat(per_key as usize);
-        let mut seq = 0u64;
-        group.bench_function(BenchmarkId::new("events_per_key", per_key), |b| {
+        let file = std::fs::File::create(dir.path().join("floor")).expect("file");
+        let buf = payload.repeat(BATCH as usize);
+        let mut off = 0u64;
+        let name = if sync { "pwrite_fdatasync" } else { "pwrite" };
+        group.bench_function(name, |b| {
             b.iter(|| {
-                let mut batch = sled::Batch::default();
-                for _ in 0..BATCH / per_key {
-                    let mut key = [7u8; 24];
-                    key[16..].copy_from_slice(&seq.to_be_bytes());
-                    batch.insert(&key, &value[..]);
-                    seq += per_key;
+                file.write_all_at(&buf, off).expect("write");
+                off += buf.len() as u64;
+                if off > 256 << 20 {
+                    off = 0;
                 }
-                tree.apply_batch(batch).expect("apply");
+                if sync {
+                    file.sync_data().expect("sync");
+                }
             })
         });
     }
     group.finish();
 }
 
-criterion_group!(benches, bench, sled_floor);
+criterion_group!(benches, bench, file_floor);
 criterion_main!(benches);

@@ -1,7 +1,7 @@
 //! Replay from the log (events/s) and the cursor check.
 //!
 //! One session holds a 100,000-event backlog (256-byte payloads), far beyond the 128-event
-//! in-memory window, so `read_after` from an old cursor reads sled range scans:
+//! in-memory window, so `read_after` from an old cursor reads chunks back from the segment files:
 //! - `replay/read_after_256`: one `read_after(after, 256)` (the client stream's read batch) from a
 //!   cursor that walks the whole backlog;
 //! - `replay/read_and_frame_256`: the same plus building each event's SSE frame, which is the
@@ -61,7 +61,7 @@ fn fixture() -> Fixture {
         .build()
         .expect("runtime");
     let (log, sl) = rt.block_on(async {
-        let (log, _) = Log::open(&cfg, Metrics::new()).await.expect("open log");
+        let (log, _, _) = Log::open(&cfg, Metrics::new()).await.expect("open log");
         let sl = log
             .create(SessionId::random(), Facade::Legacy, None)
             .await

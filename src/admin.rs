@@ -1,5 +1,6 @@
 //! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process runs) and
-//! `/readyz` (the log is open and the client listener bound; 503 while starting or draining).
+//! `/readyz` (the log is open, takes writes, and the client listener is bound; 503 while starting,
+//! draining, or while the log's storage is failing).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,8 +16,10 @@ use crate::metrics::Metrics;
 pub struct Admin {
     /// Metrics to render.
     pub metrics: Metrics,
-    /// Readiness.
+    /// Started and not draining.
     pub ready: Arc<AtomicBool>,
+    /// The log takes writes.
+    pub store_ok: Arc<AtomicBool>,
 }
 
 impl Admin {
@@ -30,7 +33,7 @@ impl Admin {
             ),
             "/healthz" => plain(200, "text/plain", "ok\n"),
             "/readyz" => {
-                if self.ready.load(Ordering::Acquire) {
+                if self.ready.load(Ordering::Acquire) && self.store_ok.load(Ordering::Acquire) {
                     plain(200, "text/plain", "ready\n")
                 } else {
                     plain(503, "text/plain", "not ready\n")

@@ -13,10 +13,11 @@ use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
 use crate::config::Config;
+use crate::domain::EndReason;
 use crate::facade::Ctx;
 use crate::listen;
-use crate::log::{Log, Recovery};
-use crate::metrics::{EndReason, Metrics};
+use crate::log::{Health, Log, Recovery};
+use crate::metrics::Metrics;
 use crate::session::Registry;
 use crate::shutdown::Drain;
 use crate::stream::StreamEnv;
@@ -44,6 +45,32 @@ pub enum StartError {
     },
 }
 
+/// Why [`run`] returned with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The proxy could not start.
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The log's storage failed for good while serving (I/O error, read-only file system, failed
+    /// sync): the proxy ended what it could and stopped, for the orchestrator to restart it.
+    #[error("the log's storage failed; stopped (the next start recovers the log)")]
+    StorageFailed,
+}
+
+impl RunError {
+    /// The process exit code: 1 for a failed start, 74 (`EX_IOERR`) for failed storage.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            RunError::Start(StartError::Log {
+                source: crate::error::Error::Store(e),
+                ..
+            }) if e.raw_os_error().is_some() => 74,
+            RunError::Start(_) => 1,
+            RunError::StorageFailed => 74,
+        }
+    }
+}
+
 /// A running proxy.
 pub struct Running {
     /// Client listener address.
@@ -58,6 +85,7 @@ pub struct Running {
     pub registry: Arc<Registry>,
     grace: Duration,
     ready: Arc<AtomicBool>,
+    health: watch::Receiver<Health>,
     stop: watch::Sender<bool>,
     drain: Drain,
     client: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
@@ -89,9 +117,11 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
 
     let admin_listener = bind("admin listener", &cfg.admin.addr).await?;
     let admin_addr = admin_listener.local_addr().expect("bound");
+    let store_ok = Arc::new(AtomicBool::new(true));
     let admin = Admin {
         metrics: metrics.clone(),
         ready: ready.clone(),
+        store_ok: store_ok.clone(),
     };
     let admin = tokio::spawn(listen::serve(
         admin_listener,
@@ -100,17 +130,24 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         stop_rx.clone(),
     ));
 
-    let (log, recovery) = Log::open(&cfg.log, metrics.clone())
-        .await
-        .map_err(|source| StartError::Log {
-            dir: cfg.log.dir.display().to_string(),
-            source,
-        })?;
+    let (log, recovery, interrupted) =
+        Log::open(&cfg.log, metrics.clone())
+            .await
+            .map_err(|source| StartError::Log {
+                dir: cfg.log.dir.display().to_string(),
+                source,
+            })?;
     tracing::info!(?recovery, dir = %cfg.log.dir.display(), "log open");
+    // Readiness follows the log's health from now on (503 within a second of a failed write).
+    let health = log.health();
+    tokio::spawn(follow_health(health.clone(), store_ok));
 
     let listener = bind("client listener", &cfg.listen.addr).await?;
     let addr = listener.local_addr().expect("bound");
     let registry = Registry::new(cfg.clone(), log.clone(), metrics.clone());
+    // The sessions the previous run left live are ended before anyone can resume them.
+    registry.end_interrupted(interrupted).await;
+    tokio::spawn(registry.clone().watch_store_failures());
     let drain = Drain::new();
     let ctx = Arc::new(Ctx {
         cfg: cfg.clone(),
@@ -139,6 +176,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         registry,
         grace: Duration::from_secs(cfg.shutdown.grace_secs),
         ready,
+        health,
         stop,
         drain,
         client,
@@ -148,17 +186,41 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     })
 }
 
+/// Keeps `store_ok` in step with the log's health.
+async fn follow_health(mut health: watch::Receiver<Health>, store_ok: Arc<AtomicBool>) {
+    loop {
+        let h = *health.borrow_and_update();
+        store_ok.store(h == Health::Ok, Ordering::Release);
+        if h != Health::Ok {
+            tracing::error!(health = ?h, "log storage failing: not ready");
+        }
+        if health.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 impl Running {
+    /// Completes when the log's storage has failed for good (the process must stop).
+    pub async fn storage_failed(&self) {
+        let mut h = self.health.clone();
+        let _ = h.wait_for(|h| *h == Health::Failed).await;
+    }
+
     /// Drains and stops: not ready; stop accepting; end sessions (in-flight requests answered,
     /// upstreams closed); end client streams once they have delivered those answers; wait for
     /// connections (bounded by the grace period); flush the log and mark it clean.
     pub async fn stop(self) {
+        self.stop_with(EndReason::Shutdown).await;
+    }
+
+    async fn stop_with(self, reason: EndReason) {
         self.ready.store(false, Ordering::Release);
         let _ = self.stop.send(true);
         let deadline = tokio::time::Instant::now() + self.grace;
         // Sessions first: their -32091 answers and end markers are then logged before any stream
         // is told to drain, so a connected client gets its answer rather than a cut stream (I6).
-        let sessions = self.registry.end_all(EndReason::Shutdown);
+        let sessions = self.registry.end_all(reason);
         if tokio::time::timeout_at(deadline, sessions).await.is_err() {
             tracing::warn!("grace period over while ending sessions");
         }
@@ -181,17 +243,26 @@ impl Running {
     }
 }
 
-/// Runs the proxy until `shutdown` completes, then drains.
+/// Runs the proxy until `shutdown` completes, then drains. If the log's storage fails for good
+/// first, ends what it can, stops, and reports it (the caller exits with 74).
 ///
 /// # Errors
-/// [`StartError`] when it cannot start.
-pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+/// [`RunError`] when it cannot start, or when storage failed.
+pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let running = start(cfg).await?;
     println!(
         "mcp-resume-proxy listening on http://{} (admin http://{})",
         running.addr, running.admin_addr
     );
-    shutdown.await;
+    let failed = tokio::select! {
+        _ = shutdown => false,
+        _ = running.storage_failed() => true,
+    };
+    if failed {
+        tracing::error!("log storage failed: ending sessions and stopping (the next start recovers the log and answers what was in flight)");
+        running.stop_with(EndReason::StoreError).await;
+        return Err(RunError::StorageFailed);
+    }
     running.stop().await;
     Ok(())
 }

@@ -126,7 +126,7 @@ pub enum Durability {
     Relaxed,
 }
 
-/// `[log]`: the sled event log.
+/// `[log]`: the event log.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct LogConfig {

@@ -1,33 +1,36 @@
-//! The `inspect` subcommand: reads a data directory (while no proxy holds it) and prints its
-//! sessions — state, epochs, retained range, head — or the events of one session.
+//! The `inspect` subcommand: reads a data directory (while no proxy holds it) through the log's
+//! read-only [`Image`] — the same scan recovery starts from — and prints its sessions (state,
+//! epochs, retained range, head) or the events of one session.
 
 use std::io::Write;
 use std::path::Path;
 
-use bytes::Bytes;
-
 use crate::log::cursor::{Cursor, SessionId};
-use crate::log::{key, Event, Kind, SessionMeta};
+use crate::log::image::Image;
+use crate::log::segment;
+use crate::log::{Event, Kind};
 
 /// Prints the sessions of the log in `dir`, or the events of `session`.
 ///
 /// # Errors
-/// A message when the directory cannot be opened (e.g. a running proxy holds it) or read.
+/// A message when the directory cannot be read (e.g. a running proxy holds it).
 pub fn run(dir: &Path, session: Option<&str>, out: &mut dyn Write) -> Result<(), String> {
-    if !dir.join("conf").exists() && !dir.join("db").exists() {
+    if segment::has_sled_files(dir) {
+        return Err(format!(
+            "{} holds a log in the sled format of mcp-resume-proxy 0.1, which this version does not read",
+            dir.display()
+        ));
+    }
+    if !dir.join(segment::LOCK_FILE).exists() && segment::list(dir).map_or(true, |s| s.is_empty()) {
         return Err(format!(
             "{} is not a mcp-resume-proxy data directory",
             dir.display()
         ));
     }
-    let db = sled::Config::new().path(dir).open().map_err(|e| {
-        format!(
-            "cannot open {} (is a proxy running on it?): {e}",
-            dir.display()
-        )
-    })?;
-    let t = |name: &str| db.open_tree(name).map_err(|e| e.to_string());
-    let (sessions, events) = (t("sessions")?, t("events")?);
+    let _lock = segment::lock(dir, false)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{} is in use (is a proxy running on it?)", dir.display()))?;
+    let img = Image::scan(dir).map_err(|e| e.to_string())?;
     let w = |e: std::io::Error| e.to_string();
     match session {
         None => {
@@ -37,25 +40,9 @@ pub fn run(dir: &Path, session: Option<&str>, out: &mut dyn Write) -> Result<(),
                 "session", "facade", "state", "oldest", "head", "events"
             )
             .map_err(w)?;
-            for item in sessions.iter() {
-                let (k, v) = item.map_err(|e| e.to_string())?;
-                let Ok(b) = <[u8; 16]>::try_from(&k[..]) else {
-                    continue;
-                };
-                let id = SessionId(b);
-                let meta: SessionMeta = serde_json::from_slice(&v).map_err(|e| e.to_string())?;
-                let (mut first, mut last, mut count) = (None, None, 0u64);
-                for item in events.scan_prefix(id.0) {
-                    let (k, v) = item.map_err(|e| e.to_string())?;
-                    let (Some((_, f)), Some((n, _))) =
-                        (key::parse_event_key(&k), key::chunk_info(&v))
-                    else {
-                        return Err(format!("session {id}: corrupt chunk"));
-                    };
-                    first.get_or_insert(f);
-                    last = Some(f + n - 1);
-                    count += n;
-                }
+            for (id, s) in &img.sessions {
+                let Some((meta, _)) = &s.meta else { continue };
+                let r = s.retained();
                 let state = match meta.ended {
                     None => "live".to_string(),
                     Some(r) => format!("ended:{}", r.as_str()),
@@ -68,36 +55,50 @@ pub fn run(dir: &Path, session: Option<&str>, out: &mut dyn Write) -> Result<(),
                         None => format!("{}[{}..]", e.epoch, e.first),
                     })
                     .collect();
+                let (oldest, head) = if r.chunks.is_empty() {
+                    ("-".to_string(), "-".to_string())
+                } else {
+                    (r.oldest.to_string(), r.head.to_string())
+                };
                 writeln!(
                     out,
                     "{id}  {:<10}  {:<13}  {:>8}  {:>8}  {:>8}  {}",
                     meta.facade.as_str(),
                     state,
-                    first.map(|f| f.to_string()).unwrap_or("-".into()),
-                    last.map(|f| f.to_string()).unwrap_or("-".into()),
-                    count,
+                    oldest,
+                    head,
+                    (r.head + 1).saturating_sub(r.oldest),
                     epochs.join(" ")
                 )
                 .map_err(w)?;
+            }
+            writeln!(
+                out,
+                "# {} segments, {} records; last stop {}",
+                img.segments.len(),
+                img.records,
+                if img.clean { "clean" } else { "unclean" }
+            )
+            .map_err(w)?;
+            if let Some(at) = img.torn_at {
+                writeln!(out, "# the newest segment ends in a torn write at offset {at} (cut off when a proxy next opens the log)").map_err(w)?;
+            }
+            for d in &img.damage {
+                writeln!(out, "# damage: {d}").map_err(w)?;
             }
         }
         Some(s) => {
             let id = SessionId::parse(s)
                 .ok_or_else(|| format!("`{s}` is not a session id (32 lowercase hex)"))?;
-            if sessions.get(id.0).map_err(|e| e.to_string())?.is_none() {
-                return Err(format!("session {id} is not in this log"));
-            }
-            for item in events.scan_prefix(id.0) {
-                let (k, v) = item.map_err(|e| e.to_string())?;
-                let Some((_, first)) = key::parse_event_key(&k) else {
-                    continue;
-                };
-                let Some(chunk) = key::decode_chunk(first, Bytes::from_owner(v)) else {
-                    writeln!(out, "{first}: <corrupt chunk>").map_err(w)?;
-                    continue;
-                };
-                for ev in chunk {
-                    print_event(out, &id, &ev).map_err(w)?;
+            let sess = img
+                .sessions
+                .get(&id)
+                .ok_or_else(|| format!("session {id} is not in this log"))?;
+            let r = sess.retained();
+            for c in &r.chunks {
+                let evs = img.read_chunk(c).map_err(|e| e.to_string())?;
+                for ev in evs.iter().filter(|e| e.seq >= r.oldest) {
+                    print_event(out, &id, ev).map_err(w)?;
                 }
             }
         }

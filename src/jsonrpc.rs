@@ -249,7 +249,7 @@ mod tests {
         assert_eq!(scan_response_id(b""), None);
         // A long broken response: the id is read from its ends.
         let mut long = br#"{"jsonrpc":"2.0","id":77,"result":{"text":""#.to_vec();
-        long.extend(std::iter::repeat(b'x').take(100_000));
+        long.extend(std::iter::repeat_n(b'x', 100_000));
         assert_eq!(scan_response_id(&long).as_deref(), Some("77"));
     }
 

@@ -16,10 +16,11 @@
 //! - [`facade`]: the legacy HTTP+SSE face and the Streamable HTTP face.
 //! - [`session`]: session id → live session: upstream link, in-flight requests, attached streams.
 //! - [`upstream`]: the proxy-owned upstream SSE stream and POST forwarding.
-//! - [`log`]: the sled event log, its writer task, ids and the contiguity check.
+//! - [`log`]: the event log (segment files of checksummed records), its writer thread, ids and
+//!   the contiguity check.
 //! - [`stream`]: a client stream as a cursor over the log.
 //!
-//! Around it: [`config`], [`metrics`], [`admin`], [`shutdown`], [`app`] (wiring), [`sse`]
+//! Around it: [`domain`] (the vocabulary the others share), [`config`], [`metrics`], [`admin`], [`shutdown`], [`app`] (wiring), [`sse`]
 //! (decoder/encoder), [`jsonrpc`] (routing fields and error bodies), [`echo`] (client values cut
 //! before they are echoed), [`demo`] and [`inspect`].
 
@@ -31,6 +32,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod demo;
+pub mod domain;
 pub mod echo;
 pub mod error;
 pub mod facade;

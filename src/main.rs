@@ -1,5 +1,5 @@
 //! Startup glue: CLI, tracing, config, then `app::run`. Exit codes: 64 for a bad config (before any
-//! port is bound), 1 for a failed start.
+//! port is bound), 1 for a failed start, 74 (`EX_IOERR`) when the log's storage fails.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -105,7 +105,7 @@ fn main() -> ExitCode {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mcp-resume-proxy: {e}");
-                    ExitCode::from(1)
+                    ExitCode::from(e.exit_code())
                 }
             }
         }

@@ -7,69 +7,8 @@ use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
+pub use crate::domain::{EndReason, Facade};
 use crate::log::cursor::Refusal;
-
-/// Which client face a session or stream uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Facade {
-    /// Legacy HTTP+SSE.
-    Legacy,
-    /// Streamable HTTP.
-    Streamable,
-}
-
-impl Facade {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Facade::Legacy => "legacy",
-            Facade::Streamable => "streamable",
-        }
-    }
-}
-
-/// Why a session ended (label of `mcp_resume_sessions_ended_total`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EndReason {
-    /// The client sent `DELETE`.
-    ClientDelete,
-    /// No client attached for `idle_ttl_secs`.
-    IdleTimeout,
-    /// The upstream stream ended, failed, or answered 404.
-    UpstreamLost,
-    /// The proxy shut down.
-    Shutdown,
-    /// Evicted to make room (session limit).
-    Evicted,
-    /// The log could not be written (e.g. disk full).
-    StoreError,
-}
-
-impl EndReason {
-    /// Every reason, for registering label sets up front.
-    pub const ALL: [EndReason; 6] = [
-        EndReason::ClientDelete,
-        EndReason::IdleTimeout,
-        EndReason::UpstreamLost,
-        EndReason::Shutdown,
-        EndReason::Evicted,
-        EndReason::StoreError,
-    ];
-
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            EndReason::ClientDelete => "client_delete",
-            EndReason::IdleTimeout => "idle_timeout",
-            EndReason::UpstreamLost => "upstream_lost",
-            EndReason::Shutdown => "shutdown",
-            EndReason::Evicted => "evicted",
-            EndReason::StoreError => "store_error",
-        }
-    }
-}
 
 /// Kinds of upstream error (label of `mcp_resume_upstream_errors_total`).
 pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
@@ -112,6 +51,10 @@ pub struct Metrics {
     pub log_bytes: IntGauge,
     /// `mcp_resume_log_max_bytes`: the configured bound (for "near full" alerts).
     pub log_max_bytes: IntGauge,
+    /// `mcp_resume_log_disk_bytes`: bytes of the log's segment files.
+    pub log_disk_bytes: IntGauge,
+    /// `mcp_resume_store_errors_total`: writes, syncs or file operations of the log that failed.
+    pub store_errors: IntCounter,
     /// `mcp_resume_sessions_active`.
     pub sessions_active: IntGauge,
     sessions_started: IntCounterVec,
@@ -173,12 +116,22 @@ impl Metrics {
             .unwrap(),
             log_bytes: IntGauge::new(
                 "mcp_resume_log_bytes",
-                "Payload bytes retained in the log, all sessions.",
+                "Bytes of live log records (events with their framing, metadata), all sessions; bounded by log.max_total_bytes.",
             )
             .unwrap(),
             log_max_bytes: IntGauge::new(
                 "mcp_resume_log_max_bytes",
-                "Configured bound on retained payload bytes (log.max_total_bytes).",
+                "Configured bound on live log records (log.max_total_bytes).",
+            )
+            .unwrap(),
+            log_disk_bytes: IntGauge::new(
+                "mcp_resume_log_disk_bytes",
+                "Bytes of the log's segment files on disk (live records, dead ones not yet compacted, headers).",
+            )
+            .unwrap(),
+            store_errors: IntCounter::new(
+                "mcp_resume_store_errors_total",
+                "Failed writes, syncs or file operations of the log (each also logged at error level).",
             )
             .unwrap(),
             sessions_active: IntGauge::new(
@@ -242,6 +195,8 @@ impl Metrics {
         r.register(Box::new(m.append_seconds.clone())).unwrap();
         r.register(Box::new(m.log_bytes.clone())).unwrap();
         r.register(Box::new(m.log_max_bytes.clone())).unwrap();
+        r.register(Box::new(m.log_disk_bytes.clone())).unwrap();
+        r.register(Box::new(m.store_errors.clone())).unwrap();
         r.register(Box::new(m.sessions_active.clone())).unwrap();
         r.register(Box::new(m.sessions_started.clone())).unwrap();
         r.register(Box::new(m.sessions_ended.clone())).unwrap();
@@ -253,7 +208,7 @@ impl Metrics {
         for reason in Refusal::ALL {
             m.refusals.with_label_values(&[reason.as_str()]);
         }
-        for f in [Facade::Legacy, Facade::Streamable] {
+        for f in Facade::ALL {
             m.resumes.with_label_values(&[f.as_str()]);
             m.sessions_started.with_label_values(&[f.as_str()]);
             m.client_streams.with_label_values(&[f.as_str()]);
@@ -349,6 +304,8 @@ mod tests {
             "mcp_resume_inflight_aborted_total",
             "mcp_resume_upstream_errors_total",
             "mcp_resume_client_streams_active",
+            "mcp_resume_store_errors_total",
+            "mcp_resume_log_disk_bytes",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }

@@ -17,12 +17,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::config::Config;
+use crate::domain::{EndReason, Facade};
 use crate::echo;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StoreError};
 use crate::jsonrpc;
 use crate::log::cursor::SessionId;
-use crate::log::{Kind, Log, NewEvent, SessionLog, StreamTag};
-use crate::metrics::{EndReason, Facade, Metrics};
+use crate::log::{Health, Interrupted, Kind, Log, NewEvent, SessionLog, StreamTag};
+use crate::metrics::Metrics;
 /// Most upstream events queued to the log in one op.
 const PUMP_BATCH: usize = 256;
 
@@ -239,7 +240,11 @@ impl Session {
                     st.progress.insert(t.clone(), stream);
                 }
             }
-            reg.log.inflight_add(&self.log, id, stream).await?;
+            if let Err(e) = reg.log.inflight_add(&self.log, id, stream).await {
+                // Not recorded, so not forwarded: nothing will answer it, nothing may.
+                self.forget(id);
+                return Err(e);
+            }
         }
         match self.link.post(body).await {
             Ok(()) => Ok(()),
@@ -625,6 +630,10 @@ impl Registry {
         facade: Facade,
         protocol_version: Option<String>,
     ) -> Result<(Arc<Session>, Attachment)> {
+        if *self.log.health().borrow() != Health::Ok {
+            // The log cannot take this session's events: say so now rather than lose them.
+            return Err(Error::Store(StoreError::Unavailable));
+        }
         let slot = self.make_room().await?;
         let (link, reader) = match upstream::connect(&self.upstream, &self.client).await {
             Ok(x) => x,
@@ -682,13 +691,16 @@ impl Registry {
     /// Takes a session slot, first making room: ended logs evicted for space, and when
     /// `sessions.max_sessions` are live or being opened, the session idle the longest is ended.
     async fn make_room(&self) -> Result<Slot<'_>> {
+        // New sessions are admitted while the log holds at most 90% of its bound, so the ones
+        // already live keep their retained history (the log trims live sessions only to hold the
+        // bound itself). Ended sessions' logs are evicted first to make that room.
         let max_total = self.cfg.log.max_total_bytes;
-        if self.log.total_bytes() >= max_total {
-            self.evict_ended(max_total).await;
-            if self.log.total_bytes() >= max_total {
+        let admit = max_total - max_total / 10;
+        if self.log.total_bytes() > admit {
+            let held = self.log.make_room(admit).await?;
+            if held > admit {
                 return Err(Error::Capacity(format!(
-                    "log holds {} bytes, log.max_total_bytes is {max_total}",
-                    self.log.total_bytes()
+                    "log holds {held} bytes; new sessions wait until it holds at most 90% of log.max_total_bytes ({max_total})"
                 )));
             }
         }
@@ -727,27 +739,6 @@ impl Registry {
         Ok(slot)
     }
 
-    /// Deletes the logs of ended sessions, oldest end first, until the log is under `target` bytes.
-    async fn evict_ended(&self, target: u64) {
-        let mut ended: Vec<_> = self
-            .log
-            .all()
-            .into_iter()
-            .filter_map(|l| l.ended_unix().map(|t| (t, l)))
-            .collect();
-        ended.sort_by_key(|(t, _)| *t);
-        for (_, l) in ended {
-            if self.log.total_bytes() < target {
-                break;
-            }
-            tracing::info!(session = %l.id, bytes = l.bytes(), "evicting an ended session's log for space");
-            if let Err(e) = self.log.remove(&l.id).await {
-                tracing::error!(error = %e, "evicting a log failed");
-                break;
-            }
-        }
-    }
-
     /// Ends a live session: no new requests; the upstream stream is closed; every in-flight request
     /// is answered with a logged -32091 error on its stream; the end marker ends every client stream.
     pub async fn end(&self, session: &Arc<Session>, reason: EndReason) {
@@ -777,13 +768,36 @@ impl Registry {
         self.metrics.sessions_active.dec();
         // Own task: neither a dropped request future nor the pump's abort may cut the end short,
         // or readers would never see the end marker and in-flight awaits would hang.
-        let (log, sl, id) = (self.log.clone(), session.log.clone(), session.id);
-        let work = tokio::spawn(async move {
-            if let Err(e) = log.end_session(&sl, reason, aborts).await {
-                tracing::error!(session = %id, error = %e, "cannot log the end of a session");
-            }
-        });
+        let (log, metrics, sl) = (self.log.clone(), self.metrics.clone(), session.log.clone());
+        let work = tokio::spawn(async move { end_log(&log, &metrics, &sl, reason, aborts).await });
         let _ = work.await;
+    }
+
+    /// Ends the sessions a previous run left live (their upstream sessions died with it),
+    /// answering what they had in flight: the same end as at runtime, reason `upstream_lost`.
+    pub async fn end_interrupted(&self, interrupted: Vec<Interrupted>) {
+        let mut ends = tokio::task::JoinSet::new();
+        for i in interrupted {
+            let (log, metrics) = (self.log.clone(), self.metrics.clone());
+            ends.spawn(async move {
+                end_log(&log, &metrics, &i.log, EndReason::UpstreamLost, i.inflight).await;
+            });
+        }
+        while ends.join_next().await.is_some() {}
+    }
+
+    /// Ends every live session whose events the log lost to a storage failure, as the log reports
+    /// them, until the log is dropped.
+    pub async fn watch_store_failures(self: Arc<Self>) {
+        let Some(mut failures) = self.log.take_failures() else {
+            return;
+        };
+        while let Some(id) = failures.recv().await {
+            let Some(s) = self.live(&id) else { continue };
+            tracing::error!(session = %id, "events of this session could not be logged; ending it (store_error)");
+            let reg = self.clone();
+            tokio::spawn(async move { reg.end(&s, EndReason::StoreError).await });
+        }
     }
 
     /// Ends every live session (shutdown).
@@ -795,12 +809,13 @@ impl Registry {
     }
 
     /// Housekeeping once per second until `stop` fires: idle sessions end after
-    /// `sessions.idle_ttl_secs`; ended logs are deleted after `sessions.retain_ended_secs`; ended
-    /// logs are evicted while the log is over `log.max_total_bytes`.
+    /// `sessions.idle_ttl_secs`; ended logs are deleted after `sessions.retain_ended_secs` (the log
+    /// itself evicts ended logs while it is over `log.max_total_bytes`).
     pub async fn janitor(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let idle_ttl = Duration::from_secs(self.cfg.sessions.idle_ttl_secs);
         let retain = self.cfg.sessions.retain_ended_secs;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
@@ -818,17 +833,57 @@ impl Registry {
             }
             let now = crate::log::unix_now();
             for l in self.log.all() {
-                if l.ended_unix()
-                    .is_some_and(|t| now.saturating_sub(t) >= retain)
+                if l.end_published()
+                    && l.ended_unix()
+                        .is_some_and(|t| now.saturating_sub(t) >= retain)
                 {
                     if let Err(e) = self.log.remove(&l.id).await {
                         tracing::error!(error = %e, "deleting an expired log failed");
                     }
                 }
             }
-            if self.log.total_bytes() > self.cfg.log.max_total_bytes {
-                self.evict_ended(self.cfg.log.max_total_bytes).await;
-            }
+        }
+    }
+}
+
+/// Ends a session's log, the one way sessions end (at runtime and in recovery alike): every
+/// request still in flight is answered with a logged JSON-RPC error -32091 on its stream (I6), then
+/// the end marker ends every stream of the session. Counted and logged here; if storage is failing
+/// the log keeps the end and writes it once it can (or the next start's recovery does).
+pub async fn end_log(
+    log: &Log,
+    metrics: &Metrics,
+    sl: &Arc<SessionLog>,
+    reason: EndReason,
+    aborts: Vec<(String, StreamTag)>,
+) {
+    let mut evs = Vec::with_capacity(aborts.len());
+    for (req_id, stream) in aborts {
+        let body = jsonrpc::error_response(
+            &req_id,
+            jsonrpc::INFLIGHT_ABORTED,
+            &format!(
+                "request aborted: upstream session ended ({})",
+                reason.as_str()
+            ),
+            serde_json::json!({"reason": reason.as_str(), "session_id": sl.id.to_string()}),
+        );
+        let kind = if stream.is_post() {
+            Kind::Final
+        } else {
+            Kind::Message
+        };
+        let mut ev = NewEvent::new(stream, kind, Bytes::from(body));
+        tracing::warn!(session = %sl.id, request_id = %req_id, reason = reason.as_str(), "in-flight request aborted");
+        ev.completes = Some(req_id);
+        evs.push(ev);
+    }
+    metrics.inflight_aborted.inc_by(evs.len() as u64);
+    metrics.session_ended(reason);
+    match log.end(sl, reason, evs).await {
+        Ok(()) => tracing::info!(session = %sl.id, reason = reason.as_str(), "session ended"),
+        Err(e) => {
+            tracing::error!(session = %sl.id, reason = reason.as_str(), error = %e, "the end of a session is not logged yet (the log retries it)")
         }
     }
 }

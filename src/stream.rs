@@ -1,7 +1,7 @@
 //! [6] Log → client: a client SSE stream is a cursor reading the session log.
 //!
 //! Replay and live delivery are one loop: read the events after the cursor (from the in-memory
-//! window or sled), send them, and when caught up wait for the head to move. There is no hand-off
+//! window or the segment files), send them, and when caught up wait for the head to move. There is no hand-off
 //! between a "replay" phase and a "live" phase, so there is nothing to race. A slow client only
 //! slows its own task; a client so slow that retention trimmed events it had not read yet gets its
 //! stream closed (never skipped over) and meets a `cursor_trimmed` refusal when it resumes.
@@ -17,9 +17,10 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus::IntGauge;
 use tokio::sync::{mpsc, watch};
 
+use crate::domain::Facade;
 use crate::log::cursor::{Cursor, MAX_EVENT_ID_LEN};
 use crate::log::{Event, Kind, Log, SessionLog, StreamTag};
-use crate::metrics::{Facade, Metrics};
+use crate::metrics::Metrics;
 use crate::session::Attachment;
 use crate::sse::encode;
 
@@ -139,6 +140,8 @@ enum End {
     StreamComplete,
     Gap { wanted: u64, got: u64 },
     Store,
+    StoreFailed,
+    Removed,
 }
 
 async fn run(mut spec: StreamSpec, mut env: StreamEnv, tx: mpsc::Sender<Bytes>) {
@@ -181,6 +184,15 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
         if batch.is_empty() {
             if finals_left == Some(0) {
                 return End::StreamComplete;
+            }
+            if spec.log.failed() {
+                // Events of this session were lost to a storage failure: its history is not
+                // complete, so the stream closes (a resume is answered 503 until the log has
+                // recorded the session's end).
+                return End::StoreFailed;
+            }
+            if spec.log.removed() {
+                return End::Removed;
             }
             if *env.drain.borrow() {
                 // Draining and caught up: everything logged before the drain (the in-flight aborts

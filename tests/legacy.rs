@@ -481,29 +481,36 @@ async fn post_to_sse_path_is_405_and_bad_posts_are_explained() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_size_bound_evicts_ended_sessions_then_refuses_new_ones() {
     use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+    const MAX: u64 = 48 * 1024;
     let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let p = start_in_process(&up.sse_url(), dir.path(), |c| {
-        c.log.max_bytes_per_session = 48 * 1024;
-        c.log.max_total_bytes = 48 * 1024;
+        c.log.max_bytes_per_session = MAX;
+        c.log.max_total_bytes = MAX;
     })
     .await;
     let base = format!("http://{}", p.addr);
-    let emit = |id| {
+    let emit = |id, count| {
         call(
             id,
             "emit",
-            json!({"count": 60, "rate_per_sec": 0, "size": 400}),
+            json!({"count": count, "rate_per_sec": 0, "size": 1000}),
             None,
         )
     };
     let (mut a, url_a, first_a) = legacy_session(&base).await;
-    post(&url_a, &emit(2)).await;
+    post(&url_a, &emit(2, 20)).await;
     until_response(&mut a, 2).await;
     let (mut b, url_b, _) = legacy_session(&base).await;
-    post(&url_b, &emit(2)).await;
-    until_response(&mut b, 2).await;
-    assert!(p.registry.log.total_bytes() >= 48 * 1024);
+    // Fill, an event at a time, until the log holds more than 90% of its bound (new sessions
+    // are refused there) without reaching the bound (where live sessions would be trimmed).
+    let mut id = 10;
+    while p.registry.log.total_bytes() <= MAX - MAX / 10 {
+        id += 1;
+        post(&url_b, &emit(id, 1)).await;
+        until_response(&mut b, id).await;
+    }
+    assert!(p.registry.log.total_bytes() <= MAX);
     // Both sessions are live: no room.
     let (s, _, body) = request("GET", &format!("{base}/sse"), &[], "").await;
     assert_eq!(s, 503, "{body}");

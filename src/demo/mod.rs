@@ -166,7 +166,7 @@ pub async fn run() -> Result<(), String> {
 async fn narrate(c: &HttpClient, base: &str, proxy: &crate::app::Running) -> Result<(), String> {
     println!("mcp-resume-proxy demo");
     println!("① A legacy HTTP+SSE MCP server runs in this process; the proxy sits in front of it");
-    println!("   at {base} (admin http://{}), logging to a temporary sled log (fsync, 30 events retained per session).", proxy.admin_addr);
+    println!("   at {base} (admin http://{}), logging to a temporary event log (fsync, 30 events retained per session).", proxy.admin_addr);
 
     println!("\n② A client opens GET /sse, initializes, lists tools.");
     let mut s = Stream::open(c, &format!("{base}/sse"), None)

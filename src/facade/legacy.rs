@@ -15,12 +15,12 @@ use super::{
     error_response, json_error, plain, query_param, read_client_body, refusal, sse_response, Ctx,
     Resp,
 };
+use crate::domain::Facade;
 use crate::echo;
-use crate::error::Error;
+use crate::error::{Error, StoreError};
 use crate::jsonrpc;
 use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
 use crate::log::{Kind, StreamTag};
-use crate::metrics::Facade;
 use crate::stream::{self, Filter, StreamSpec};
 
 /// Serves one request to the SSE path.
@@ -81,6 +81,11 @@ async fn resume(ctx: &Arc<Ctx>, last_event_id: &str) -> Resp {
             None,
         );
     };
+    if sl.failed() {
+        // Events of this session were lost to a storage failure and its end is not logged yet:
+        // no history can be served as complete until it is.
+        return error_response(&Error::Store(StoreError::Unavailable), None);
+    }
     let ranges = sl.ranges();
     let after = match check_resume(&cursor, &ranges, false) {
         Ok(a) => a,

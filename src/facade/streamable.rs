@@ -29,12 +29,12 @@ use serde_json::{json, Value};
 use super::{
     error_response, json_error, plain, read_client_body, refusal, sse_response, Ctx, Resp,
 };
+use crate::domain::{EndReason, Facade};
 use crate::echo;
-use crate::error::Error;
+use crate::error::{Error, StoreError};
 use crate::jsonrpc::{self, Peek};
 use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
 use crate::log::{Kind, NewEvent, SessionLog, StreamTag};
-use crate::metrics::{EndReason, Facade};
 use crate::session::Session;
 use crate::stream::{self, Filter, StreamSpec};
 
@@ -526,7 +526,7 @@ async fn owed(
     let log = &ctx.reg.log;
     let mut answers: HashSet<String> = HashSet::new();
     if tag.is_post() {
-        answers.extend(log.inflight_on(&sl.id, tag)?);
+        answers.extend(log.inflight_on(sl, tag));
         log.flush().await?;
     }
     let pending = answers.len();
@@ -591,6 +591,10 @@ async fn resume(
             None,
         );
     };
+    if sl.failed() {
+        // Events of this session were lost to a storage failure and its end is not logged yet.
+        return error_response(&Error::Store(StoreError::Unavailable), None);
+    }
     let refuse = |r: Refusal| refusal(m, r, last_event_id, Some(cursor.session), Some((log, &sl)));
     let ranges = sl.ranges();
     let after = match check_resume(&cursor, &ranges, true) {

@@ -1,18 +1,32 @@
 //! [5] The event log: every upstream event is appended here, with a stable id, before any client
 //! sees it (I1), and every client stream is a cursor reading it.
 //!
-//! One writer ([`writer`], on its own thread) owns all writes: appends arrive over a bounded channel, are written
-//! as one sled batch, flushed once (`durability = "fsync"`), and only then published — the per-session
-//! head moves (a `watch`), recent events enter a small in-memory window, and readers wake. Readers
-//! never see an unpublished event, so replay and live delivery are the same read.
+//! The log is a directory of append-only **segment files** of checksummed records ([`record`],
+//! [`segment`]). One writer ([`writer`], on its own thread) owns every write: appends arrive over a
+//! bounded channel; each *turn* writes everything queued as one `pwrite` to the newest segment and,
+//! with `durability = "fsync"`, one `fdatasync`; only then is the turn published — heads move,
+//! recent events enter a small in-memory window, readers wake. Readers never see an unpublished
+//! event, so replay and live delivery are the same read. Older events are read back from the
+//! segments with `pread`, through an in-memory index of each session's chunks.
 //!
-//! On open, [`Log::open`] recovers: it finds every session's retained range, seals the epoch after an
-//! unclean stop of a relaxed-mode run (I2; whatever mode this run has), and ends every session that
-//! was live — its upstream session died with the old process — answering its in-flight requests
-//! with -32091 (I6).
+//! Space: per-session retention trims the oldest events; `log.max_total_bytes` bounds the live
+//! records of all sessions (ended sessions are evicted first, then the largest live sessions are
+//! trimmed); compaction copies the live records of the oldest segment forward and deletes it, so
+//! the files on disk stay within a small factor of that bound.
+//!
+//! On open the directory is scanned ([`image`]), a torn tail is cut, and the sessions are rebuilt.
+//! The epoch is sealed after an unclean stop of a run that was not `fsync` (I2). Sessions that were
+//! live are handed back to the caller, with their unanswered requests, to be ended (I6) — the log
+//! stores; it does not decide what a session's end says.
+//!
+//! Storage failures are loud: a failed write rejects its turn (its sessions learn it through
+//! [`Log::take_failures`]), [`Log::health`] turns degraded or failed, and the writer retries the
+//! ends it owes until the storage takes writes again.
 
 pub mod cursor;
-pub mod key;
+pub mod image;
+pub mod record;
+pub mod segment;
 mod writer;
 
 use std::collections::{HashMap, VecDeque};
@@ -24,15 +38,19 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::{Durability, LogConfig};
-use crate::error::{Error, Result};
-use crate::jsonrpc;
-use crate::metrics::{EndReason, Facade, Metrics};
+use crate::domain::{EndReason, Facade};
+use crate::error::{Error, Result, StoreError};
+use crate::metrics::Metrics;
 use cursor::{EpochRange, LogRanges, SessionId};
+use image::Image;
+use segment::{DirLock, Segment};
 
-/// Events kept in memory per session for live readers; older reads go to sled.
+/// Events kept in memory per session for live readers; older reads go to the segments.
 const WINDOW_EVENTS: usize = 128;
 /// Payload bytes kept in memory per session window.
 const WINDOW_BYTES: usize = 512 * 1024;
+/// How long [`Log::open`] waits for another holder of the data directory to let go.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Which client stream an event belongs to (design.md §3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -107,7 +125,8 @@ pub struct NewEvent {
     pub payload: Bytes,
     /// When the proxy received it (for `mcp_resume_log_append_seconds`).
     pub received: tokio::time::Instant,
-    /// The in-flight request (canonical id) this event answers, removed in the same write.
+    /// The in-flight request (canonical id) this event answers: its in-flight record ends in the
+    /// same write.
     pub completes: Option<String>,
 }
 
@@ -124,7 +143,7 @@ impl NewEvent {
     }
 }
 
-/// Session state as persisted in the `sessions` tree.
+/// Session state as persisted in meta records.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SessionMeta {
     /// Face that created the session.
@@ -150,17 +169,122 @@ pub fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether the log takes writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// Writes succeed.
+    Ok,
+    /// The last write failed for lack of space; the writer retries and the log recovers in
+    /// process once a write succeeds.
+    Degraded,
+    /// A write or sync failed in a way the process cannot recover from (an I/O error, a read-only
+    /// file system, a failed `fdatasync`): the process must exit and recover on restart.
+    Failed,
+}
+
+/// A chunk of a session's events on disk: where it is and what it holds.
+#[derive(Clone, Debug)]
+pub(crate) struct Chunk {
+    first: u64,
+    count: u64,
+    payload: u64,
+    /// Payload bytes of its events before the session's oldest retained seq.
+    skipped: u64,
+    seg: Arc<Segment>,
+    off: u64,
+    len: u32,
+}
+
+impl Chunk {
+    fn end(&self) -> u64 {
+        self.first + self.count
+    }
+
+    fn loc(&self) -> image::Loc {
+        image::Loc {
+            seg: self.seg.id,
+            off: self.off,
+            len: self.len,
+        }
+    }
+
+    fn entry(&self) -> image::ChunkEntry {
+        image::ChunkEntry {
+            first: self.first,
+            count: self.count,
+            payload: self.payload,
+            loc: image::Loc {
+                seg: self.seg.id,
+                off: self.off,
+                len: self.len,
+            },
+        }
+    }
+}
+
+/// Where a session stands in the writer's eyes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Taking appends.
+    Open,
+    /// Its end was accepted: no more appends; the end is being written (or retried).
+    Ending,
+    /// Its end marker is published.
+    Ended,
+    /// Deleted.
+    Removed,
+}
+
 struct LogState {
     ranges: LogRanges,
-    /// Highest seq handed out by the writer (≥ head; > head while a batch is being written).
+    /// Highest seq handed out by the writer (≥ head; > head while a turn is being written).
     assigned: u64,
+    /// Payload bytes retained.
     bytes: u64,
     window: VecDeque<Arc<Event>>,
     window_bytes: usize,
     meta: SessionMeta,
+    chunks: VecDeque<Chunk>,
+    /// Requests durably in flight (published), by canonical id.
+    inflight: HashMap<String, StreamTag>,
+    phase: Phase,
+    /// An append of this session was lost to a storage failure.
+    failed: bool,
 }
 
-/// One session's log: its ranges, its in-memory window and the head readers wait on.
+impl LogState {
+    /// Makes a durable event visible: head, byte count, window.
+    fn publish(&mut self, ev: &Arc<Event>) {
+        self.ranges.head = ev.seq;
+        self.bytes += ev.payload.len() as u64;
+        self.window_bytes += ev.payload.len();
+        self.window.push_back(ev.clone());
+        while self.window.len() > WINDOW_EVENTS
+            || (self.window_bytes > WINDOW_BYTES && self.window.len() > 1)
+        {
+            if let Some(old) = self.window.pop_front() {
+                self.window_bytes -= old.payload.len();
+            }
+        }
+    }
+
+    /// Drops window entries below the oldest retained seq.
+    fn drop_window_before(&mut self, oldest: u64) {
+        while self.window.front().is_some_and(|e| e.seq < oldest) {
+            if let Some(old) = self.window.pop_front() {
+                self.window_bytes -= old.payload.len();
+            }
+        }
+    }
+
+    /// Index of the chunk holding `seq`, if retained.
+    fn chunk_index(&self, seq: u64) -> Option<usize> {
+        let i = self.chunks.partition_point(|c| c.end() <= seq);
+        self.chunks.get(i).filter(|c| c.first <= seq).map(|_| i)
+    }
+}
+
+/// One session's log: its ranges, its chunks, its in-memory window and the head readers wait on.
 pub struct SessionLog {
     /// The session.
     pub id: SessionId,
@@ -175,17 +299,26 @@ impl std::fmt::Debug for SessionLog {
 }
 
 impl SessionLog {
-    fn new(id: SessionId, ranges: LogRanges, bytes: u64, meta: SessionMeta) -> Self {
+    fn new(id: SessionId, ranges: LogRanges, meta: SessionMeta) -> Self {
         let (head_tx, _) = watch::channel(ranges.head);
+        let phase = if meta.ended.is_some() {
+            Phase::Ended
+        } else {
+            Phase::Open
+        };
         Self {
             id,
             state: Mutex::new(LogState {
                 assigned: ranges.head,
                 ranges,
-                bytes,
+                bytes: 0,
                 window: VecDeque::new(),
                 window_bytes: 0,
                 meta,
+                chunks: VecDeque::new(),
+                inflight: HashMap::new(),
+                phase,
+                failed: false,
             }),
             head_tx,
         }
@@ -217,12 +350,12 @@ impl SessionLog {
         *self.head_tx.borrow()
     }
 
-    /// A receiver that changes whenever the head moves.
+    /// A receiver that changes whenever the head moves (and when the log fails or is removed).
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.head_tx.subscribe()
     }
 
-    /// Why the session ended (set when the end begins; the end marker follows in the log).
+    /// Why the session ended (set when its end is accepted; the end marker follows in the log).
     pub fn ended(&self) -> Option<EndReason> {
         self.lock().meta.ended
     }
@@ -230,6 +363,23 @@ impl SessionLog {
     /// Unix seconds of the end, once ended.
     pub fn ended_unix(&self) -> Option<u64> {
         self.lock().meta.ended_unix
+    }
+
+    /// The session's end marker is published: its history is complete.
+    pub fn end_published(&self) -> bool {
+        matches!(self.lock().phase, Phase::Ended)
+    }
+
+    /// An append of this session was lost to a storage failure, and its end is not published
+    /// yet: its history is incomplete until the log takes writes again (or a restart recovers it).
+    pub fn failed(&self) -> bool {
+        let st = self.lock();
+        st.failed && st.phase != Phase::Ended
+    }
+
+    /// The log was deleted (retention, eviction): nothing more will be read from it.
+    pub fn removed(&self) -> bool {
+        self.lock().phase == Phase::Removed
     }
 
     /// The id of event `seq` as clients see it.
@@ -241,83 +391,335 @@ impl SessionLog {
         }
         .to_string()
     }
+
+    /// Wakes every reader (they re-read and look at the state).
+    fn wake(&self) {
+        let head = self.lock().ranges.head;
+        self.head_tx.send_replace(head);
+    }
+
+    // --- state changes, by the writer (and recovery) only ---
+
+    /// Drops everything held (the log was deleted); returns its chunks, now dead.
+    fn clear_removed(&self) -> VecDeque<Chunk> {
+        let mut st = self.lock();
+        st.phase = Phase::Removed;
+        st.window.clear();
+        st.window_bytes = 0;
+        st.bytes = 0;
+        std::mem::take(&mut st.chunks)
+    }
+
+    /// Trims the oldest events while the log is over `max_events` or `max_bytes`, to 90% of them
+    /// (so a busy session trims in batches, not on every append). Never trims the head. Chunks
+    /// wholly before the new oldest seq are dropped and their places returned (they are dead); the
+    /// boundary chunk is kept, the bytes of its trimmed events counted out. `None` when nothing
+    /// was trimmed.
+    fn trim(&self, max_events: u64, max_bytes: u64) -> Option<Vec<image::Loc>> {
+        let mut dead = Vec::new();
+        let mut st = self.lock();
+        let count = (st.ranges.head + 1).saturating_sub(st.ranges.oldest);
+        if st.phase == Phase::Removed || (count <= max_events && st.bytes <= max_bytes) {
+            return None;
+        }
+        let target_n = max_events - max_events / 10;
+        let target_b = max_bytes - max_bytes / 10;
+        let head = st.ranges.head;
+        let mut oldest = st.ranges.oldest;
+        let mut n = count;
+        let mut b = st.bytes;
+        while (n > target_n || b > target_b) && oldest < head {
+            let Some(c) = st.chunks.front() else { break };
+            let in_n = c.end() - oldest;
+            let in_b = c.payload - c.skipped;
+            if c.end() <= head && (n - in_n > target_n || b - in_b > target_b) {
+                // Still over without this whole chunk: it goes.
+                n -= in_n;
+                b -= in_b;
+                oldest = c.end();
+                dead.push(st.chunks.pop_front().expect("front").loc());
+                continue;
+            }
+            // The boundary: event by event, with sizes from the window or the chunk itself.
+            let sizes: Vec<u64> = if st.window.front().is_some_and(|w| w.seq <= c.first) {
+                st.window
+                    .iter()
+                    .filter(|e| e.seq >= c.first && e.seq < c.end())
+                    .map(|e| e.payload.len() as u64)
+                    .collect()
+            } else {
+                match image::read_chunk_at(&c.seg, &c.entry()) {
+                    Ok(evs) => evs.iter().map(|e| e.payload.len() as u64).collect(),
+                    Err(e) => {
+                        tracing::error!(session = %self.id, error = %e, "cannot read a chunk to trim it");
+                        break;
+                    }
+                }
+            };
+            let (first, end) = (c.first, c.end());
+            let mut skipped = c.skipped;
+            while (n > target_n || b > target_b) && oldest < head && oldest < end {
+                let sz = sizes.get((oldest - first) as usize).copied().unwrap_or(0);
+                n -= 1;
+                b -= sz.min(b);
+                skipped += sz;
+                oldest += 1;
+            }
+            if oldest >= end {
+                dead.push(st.chunks.pop_front().expect("front").loc());
+            } else if let Some(c) = st.chunks.front_mut() {
+                c.skipped = skipped;
+            }
+            break;
+        }
+        if oldest == st.ranges.oldest {
+            return None;
+        }
+        st.ranges.oldest = oldest;
+        st.bytes = b;
+        st.drop_window_before(oldest);
+        Some(dead)
+    }
+
+    /// The next seq and the epoch it is logged in.
+    fn assign(&self) -> (u64, u32) {
+        let mut st = self.lock();
+        st.assigned += 1;
+        (st.assigned, st.ranges.current_epoch())
+    }
+
+    /// The highest seq handed out.
+    fn assigned(&self) -> u64 {
+        self.lock().assigned
+    }
+
+    /// Takes back the seqs handed out to a write that failed (no holes, I2).
+    fn roll_back(&self) {
+        let mut st = self.lock();
+        st.assigned = st.ranges.head;
+    }
+
+    /// Does the log take appends (not ending, not ended, no append lost)?
+    fn takes_appends(&self) -> bool {
+        let st = self.lock();
+        st.phase == Phase::Open && !st.failed
+    }
+
+    /// Marks an append of this session as lost; `true` the first time, while the session is open.
+    fn mark_failed(&self) -> bool {
+        let mut st = self.lock();
+        let first = st.phase == Phase::Open && !st.failed;
+        st.failed = true;
+        first
+    }
+
+    /// Starts the end: no more appends; the meta says why and when. `false` if it already began.
+    fn begin_end(&self, reason: EndReason) -> bool {
+        let mut st = self.lock();
+        if st.phase != Phase::Open {
+            return false;
+        }
+        st.phase = Phase::Ending;
+        st.meta.ended = Some(reason);
+        st.meta.ended_unix = Some(unix_now());
+        true
+    }
+
+    /// The meta as JSON, for its record.
+    fn meta_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.lock().meta).expect("meta serialises")
+    }
+
+    /// A request is durably in flight.
+    fn set_inflight(&self, id: String, stream: StreamTag) {
+        self.lock().inflight.insert(id, stream);
+    }
+
+    /// A request is no longer in flight.
+    fn clear_inflight(&self, id: &str) {
+        self.lock().inflight.remove(id);
+    }
+
+    /// A durable chunk: appended to the index, its events published.
+    fn publish_chunk(&self, chunk: Chunk, events: &[Arc<Event>]) {
+        let mut st = self.lock();
+        st.chunks.push_back(chunk);
+        for ev in events {
+            st.publish(ev);
+            if ev.kind == Kind::End {
+                st.phase = Phase::Ended;
+            }
+        }
+    }
+
+    /// Where the chunk starting at `first` is, if retained.
+    fn chunk_place(&self, first: u64) -> Option<image::Loc> {
+        let st = self.lock();
+        let c = &st.chunks[st.chunk_index(first)?];
+        (c.first == first).then(|| c.loc())
+    }
+
+    /// The chunk starting at `first` was copied from `old` to `off` in `seg`: points it there.
+    /// `false` when it is no longer at `old` (trimmed or removed meanwhile).
+    fn relocate_chunk(&self, first: u64, old: image::Loc, seg: Arc<Segment>, off: u64) -> bool {
+        let mut st = self.lock();
+        let Some(i) = st.chunk_index(first) else {
+            return false;
+        };
+        let c = &mut st.chunks[i];
+        if c.first != first || c.loc() != old {
+            return false;
+        }
+        c.seg = seg;
+        c.off = off;
+        true
+    }
+
+    /// Events and payload bytes retained, and the number of chunks.
+    fn size(&self) -> (u64, u64, usize) {
+        let st = self.lock();
+        (
+            (st.ranges.head + 1).saturating_sub(st.ranges.oldest),
+            st.bytes,
+            st.chunks.len(),
+        )
+    }
+
+    /// The oldest retained seq.
+    fn oldest(&self) -> u64 {
+        self.lock().ranges.oldest
+    }
+
+    /// Recovery: what the log holds of the session.
+    fn restore(&self, bytes: u64, chunks: VecDeque<Chunk>, inflight: HashMap<String, StreamTag>) {
+        let mut st = self.lock();
+        st.bytes = bytes;
+        st.chunks = chunks;
+        st.inflight = inflight;
+    }
 }
+
+type Ack = oneshot::Sender<std::result::Result<u64, StoreError>>;
 
 pub(crate) enum Op {
+    /// A new session: its meta record.
+    Create { log: Arc<SessionLog>, done: Ack },
+    /// Events of one session, in order. `done` hears the seq of the last one.
     Append {
         log: Arc<SessionLog>,
-        ev: NewEvent,
-        done: Option<oneshot::Sender<Result<u64>>>,
-    },
-    AppendMany {
-        log: Arc<SessionLog>,
         evs: Vec<NewEvent>,
+        done: Option<Ack>,
     },
+    /// A request recorded as in flight before it is forwarded.
     Inflight {
-        session: SessionId,
+        log: Arc<SessionLog>,
         request_id: String,
         stream: StreamTag,
-        registered_at: u64,
-        done: oneshot::Sender<Result<u64>>,
+        done: Ack,
     },
+    /// A request that will not be answered upstream after all.
     InflightDone {
-        session: SessionId,
-        request_id: String,
-        done: oneshot::Sender<Result<u64>>,
-    },
-    Meta {
         log: Arc<SessionLog>,
-        done: Option<oneshot::Sender<Result<u64>>>,
+        request_id: String,
+        done: Ack,
     },
-    Remove {
-        session: SessionId,
-        done: oneshot::Sender<Result<u64>>,
+    /// The end of a session: `evs` (the answers it owes), then the end marker, then its ended
+    /// meta. Written eventually even across storage failures (retried).
+    End {
+        log: Arc<SessionLog>,
+        reason: EndReason,
+        evs: Vec<NewEvent>,
+        done: Ack,
     },
-    Flush {
-        done: oneshot::Sender<Result<u64>>,
-    },
+    /// Deletes a session's log.
+    Remove { session: SessionId, done: Ack },
+    /// Evicts ended sessions until the live records are at most `target` bytes.
+    MakeRoom { target: u64, done: Ack },
+    /// Waits until everything queued before it is durable.
+    Flush { done: Ack },
+    /// Marks the log clean (the last op).
+    Close { done: Ack },
 }
 
-/// The sled trees and settings shared by the handle and the writer task.
+/// The state shared by the handle and the writer.
 pub(crate) struct Store {
-    db: sled::Db,
-    events: sled::Tree,
-    sessions: sled::Tree,
-    inflight: sled::Tree,
-    meta: sled::Tree,
+    dir: std::path::PathBuf,
     durability: Durability,
     max_events: u64,
     max_bytes: u64,
-    total_bytes: AtomicU64,
+    max_total: u64,
+    /// Target size of a segment file.
+    seg_size: u64,
+    /// Payload bytes one writer turn takes at most (but at least one op).
+    turn_bytes: usize,
     metrics: Metrics,
-    /// Unit tests: turns still to fail (see the writer).
+    logs: Mutex<HashMap<SessionId, Arc<SessionLog>>>,
+    /// Bytes of live records, all sessions (what `log.max_total_bytes` bounds).
+    retained: AtomicU64,
+    /// Bytes of segment files.
+    disk: AtomicU64,
+    health: watch::Sender<Health>,
+    failures: mpsc::UnboundedSender<SessionId>,
+    /// Unit tests: writes still to fail, and how.
     #[cfg(test)]
-    fail_turns: std::sync::atomic::AtomicU32,
+    fail_writes: Mutex<VecDeque<std::io::ErrorKind>>,
+    _lock: DirLock,
 }
 
-/// What recovery found and did.
+impl Store {
+    fn lock_logs(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<SessionLog>>> {
+        // Short map operations only, never held across an await.
+        self.logs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_health(&self, h: Health) {
+        self.health.send_if_modified(|cur| {
+            let changed = *cur != h && *cur != Health::Failed;
+            if changed {
+                *cur = h;
+            }
+            changed
+        });
+    }
+}
+
+/// What recovery found.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Recovery {
     /// The previous stop was clean.
     pub clean: bool,
     /// Sessions found in the log.
     pub sessions: usize,
-    /// Sessions that were live and were ended now.
-    pub ended_live: usize,
-    /// In-flight requests answered with -32091.
-    pub aborted: usize,
+    /// Sessions that were live (their ends are the caller's to write).
+    pub live: usize,
+    /// Requests those sessions had in flight.
+    pub inflight: usize,
     /// Sessions whose epoch was sealed.
     pub sealed: usize,
-    /// Events found.
+    /// Events retained.
     pub events: u64,
+    /// Bytes cut from a torn tail.
+    pub torn_bytes: u64,
+    /// Pieces of damage found (logged).
+    pub damaged: usize,
+}
+
+/// A session that was live when the previous run stopped: its upstream session died with that
+/// run, so it must be ended, answering `inflight`.
+#[derive(Debug)]
+pub struct Interrupted {
+    /// Its log.
+    pub log: Arc<SessionLog>,
+    /// Requests it had in flight, unanswered: (canonical id, stream).
+    pub inflight: Vec<(String, StreamTag)>,
 }
 
 /// The log handle. Cheap to share behind an `Arc`.
 pub struct Log {
     store: Arc<Store>,
     tx: mpsc::Sender<Op>,
-    logs: Mutex<HashMap<SessionId, Arc<SessionLog>>>,
     writer: Mutex<Option<writer::Handle>>,
+    failures: Mutex<Option<mpsc::UnboundedReceiver<SessionId>>>,
 }
 
 impl std::fmt::Debug for Log {
@@ -326,255 +728,114 @@ impl std::fmt::Debug for Log {
     }
 }
 
-fn store_err(e: sled::Error) -> Error {
-    Error::Store(e.to_string())
-}
-
-/// How long [`open_db`] waits for another holder of the data directory to let go.
-const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Opens sled on `cfg.dir`. The directory's lock file is released only when the last thread of the
-/// previous holder in this process lets go of it — sled's own pool can outlive a handle by a few
-/// milliseconds after a flush — and a replacement process may start while the old one is still
-/// exiting; so a held lock is retried for up to [`LOCK_WAIT`] before it is an error.
-async fn open_db(cfg: &LogConfig) -> Result<sled::Db> {
+/// Takes the directory lock, waiting a little for a previous holder that is still exiting (a
+/// replacement process may start while the old one lets go).
+async fn take_lock(dir: &std::path::Path) -> std::result::Result<DirLock, StoreError> {
     let deadline = tokio::time::Instant::now() + LOCK_WAIT;
     loop {
-        let opened = sled::Config::new()
-            .path(&cfg.dir)
-            .cache_capacity(64 * 1024 * 1024)
-            .flush_every_ms(Some(200))
-            .open();
-        match opened {
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && tokio::time::Instant::now() < deadline =>
-            {
-                tracing::debug!(dir = %cfg.dir.display(), "log directory is locked; retrying");
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            }
-            other => return other.map_err(store_err),
+        if let Some(l) = segment::lock(dir, true)? {
+            return Ok(l);
         }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(StoreError::Locked(dir.display().to_string()));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// Target segment size for a total bound: small enough that compaction's unit is a small part
+/// of the bound, large enough that rotations are rare.
+fn segment_size(max_total: u64) -> u64 {
+    (max_total / 32).clamp(1 << 20, 64 << 20)
 }
 
 impl Log {
-    /// Opens (or creates) the log in `cfg.dir`, spawns the writer and recovers.
+    /// Opens (or creates) the log in `cfg.dir` and recovers it: returns the handle, what recovery
+    /// found, and the sessions that were live, for the caller to end.
     ///
     /// # Errors
-    /// [`Error::Store`] when the directory cannot be opened or read.
-    pub async fn open(cfg: &LogConfig, metrics: Metrics) -> Result<(Arc<Log>, Recovery)> {
-        let db = open_db(cfg).await?;
+    /// [`Error::Store`] when the directory cannot be locked, read or written.
+    pub async fn open(
+        cfg: &LogConfig,
+        metrics: Metrics,
+    ) -> Result<(Arc<Log>, Recovery, Vec<Interrupted>)> {
+        let dir = cfg.dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("create data directory", e))?;
+        if segment::has_sled_files(&dir) {
+            return Err(StoreError::OldFormat(dir.display().to_string()).into());
+        }
+        let lock = take_lock(&dir).await?;
+        let img = Image::scan(&dir)?;
+        for d in &img.damage {
+            tracing::error!(dir = %dir.display(), damage = %d, "log damage found during recovery");
+        }
+        let (health, _) = watch::channel(Health::Ok);
+        let (failures_tx, failures_rx) = mpsc::unbounded_channel();
         let store = Arc::new(Store {
-            events: db.open_tree("events").map_err(store_err)?,
-            sessions: db.open_tree("sessions").map_err(store_err)?,
-            inflight: db.open_tree("inflight").map_err(store_err)?,
-            meta: db.open_tree("meta").map_err(store_err)?,
-            db,
+            dir: dir.clone(),
             durability: cfg.durability,
             max_events: cfg.max_events_per_session,
             max_bytes: cfg.max_bytes_per_session,
-            total_bytes: AtomicU64::new(0),
+            max_total: cfg.max_total_bytes,
+            seg_size: segment_size(cfg.max_total_bytes),
+            turn_bytes: (cfg.max_total_bytes / 8).clamp(256 << 10, 8 << 20) as usize,
             metrics,
+            logs: Mutex::new(HashMap::new()),
+            retained: AtomicU64::new(0),
+            disk: AtomicU64::new(0),
+            health,
+            failures: failures_tx,
             #[cfg(test)]
-            fail_turns: std::sync::atomic::AtomicU32::new(0),
+            fail_writes: Mutex::new(VecDeque::new()),
+            _lock: lock,
         });
         store.metrics.log_max_bytes.set(cfg.max_total_bytes as i64);
-        let clean = store
-            .meta
-            .get("clean")
-            .map_err(store_err)?
-            .is_some_and(|v| &v[..] == b"1");
-        // Whether the tail of the log can be proven is decided by the durability of the runs that
-        // wrote it, not of this one: a relaxed run that stopped uncleanly may have shown clients
-        // events that never reached the disk, even when this run is `fsync`. The key says
-        // `relaxed` from before a relaxed run's first write until an fsync run has finished its
-        // recovery (seals included, all flushed), so a crash during that recovery still seals
-        // next time. A data dir without the key counts as relaxed: sealing costs one epoch number.
-        let prev_relaxed = store
-            .meta
-            .get("durability")
-            .map_err(store_err)?
-            .map_or(true, |v| &v[..] != b"fsync");
-        store.meta.insert("clean", b"0").map_err(store_err)?;
-        if cfg.durability == Durability::Relaxed {
-            store
-                .meta
-                .insert("durability", b"relaxed")
-                .map_err(store_err)?;
-        }
-        store.db.flush_async().await.map_err(store_err)?;
-
+        let (rec, interrupted, state) = writer::recover(&store, img)?;
         let (tx, rx) = mpsc::channel(4096);
-        let writer = writer::spawn(store.clone(), rx)?;
+        let handle = writer::spawn(store.clone(), state, rx)?;
         let log = Arc::new(Log {
             store,
             tx,
-            logs: Mutex::new(HashMap::new()),
-            writer: Mutex::new(Some(writer)),
+            writer: Mutex::new(Some(handle)),
+            failures: Mutex::new(Some(failures_rx)),
         });
-        let rec = log.recover(clean, prev_relaxed).await?;
-        if cfg.durability == Durability::Fsync {
-            // Recovery's writes went through the fsync writer: the tail is provable from now on.
-            log.store
-                .meta
-                .insert("durability", b"fsync")
-                .map_err(store_err)?;
-            log.store.db.flush_async().await.map_err(store_err)?;
-        }
-        Ok((log, rec))
-    }
-
-    async fn recover(&self, clean: bool, prev_relaxed: bool) -> Result<Recovery> {
-        let st = &self.store;
-        let mut rec = Recovery {
-            clean,
-            ..Default::default()
-        };
-        let mut live = Vec::new();
-        for item in st.sessions.iter() {
-            let (k, v) = item.map_err(store_err)?;
-            let Ok(bytes16) = <[u8; 16]>::try_from(&k[..]) else {
-                continue;
-            };
-            let id = SessionId(bytes16);
-            let Ok(mut meta) = serde_json::from_slice::<SessionMeta>(&v) else {
-                tracing::warn!(session = %id, "unreadable session metadata; skipping");
-                continue;
-            };
-            // Chunk headers carry their event count and payload bytes: no record is decoded.
-            let (mut oldest, mut head, mut bytes, mut count) = (0u64, 0u64, 0u64, 0u64);
-            for item in st.events.scan_prefix(id.0) {
-                let (k, v) = item.map_err(store_err)?;
-                let (Some((_, first)), Some((n, b))) =
-                    (key::parse_event_key(&k), key::chunk_info(&v))
-                else {
-                    return Err(Error::Store(format!("corrupt chunk in session {id}")));
-                };
-                if oldest == 0 {
-                    oldest = first;
-                }
-                head = first + n - 1;
-                bytes += b;
-                count += n;
-            }
-            if oldest == 0 {
-                // Nothing retained: the next event is seq 1 of the first epoch, or after the meta's last.
-                head = meta
-                    .epochs
-                    .last()
-                    .map(|e| e.last.unwrap_or(e.first.saturating_sub(1)))
-                    .unwrap_or(0);
-                oldest = head + 1;
-            }
-            rec.events += count;
-            if meta.epochs.is_empty() {
-                meta.epochs.push(EpochRange {
-                    epoch: 1,
-                    first: 1,
-                    last: None,
-                });
-            }
-            let mut sealed = false;
-            if !clean && (prev_relaxed || st.durability == Durability::Relaxed) {
-                // We cannot prove the tail clients saw is on disk: seal the epoch at the durable head.
-                let last = meta.epochs.last_mut().expect("one epoch");
-                if last.last.is_none() {
-                    last.last = Some(head);
-                    let next = last.epoch + 1;
-                    meta.epochs.push(EpochRange {
-                        epoch: next,
-                        first: head + 1,
-                        last: None,
-                    });
-                    sealed = true;
-                    rec.sealed += 1;
-                }
-            }
-            let ranges = LogRanges {
-                epochs: meta.epochs.clone(),
-                oldest,
-                head,
-            };
-            let was_live = meta.ended.is_none();
-            let sl = Arc::new(SessionLog::new(id, ranges, bytes, meta));
-            st.total_bytes.fetch_add(bytes, Ordering::Relaxed);
-            self.lock_logs().insert(id, sl.clone());
-            rec.sessions += 1;
-            if sealed {
-                self.write_meta(&sl).await?;
-            }
-            if was_live {
-                live.push(sl);
-            }
-        }
-        st.metrics
-            .log_bytes
-            .set(st.total_bytes.load(Ordering::Relaxed) as i64);
-        for sl in live {
-            // The upstream session died with the previous process: answer what was in flight,
-            // then end the session so late resumers get a complete, explicit history.
-            let mut aborts = Vec::new();
-            for item in st.inflight.scan_prefix(sl.id.0) {
-                let (k, v) = item.map_err(store_err)?;
-                let Some((stream, registered_at)) = key::parse_inflight_value(&v) else {
-                    continue;
-                };
-                let req_id = String::from_utf8_lossy(&k[16..]).into_owned();
-                if self.answered_after(&sl, &req_id, registered_at)? {
-                    st.inflight.remove(&k).map_err(store_err)?;
-                } else {
-                    aborts.push((req_id, stream));
-                }
-            }
-            rec.aborted += aborts.len();
-            rec.ended_live += 1;
-            self.end_session(&sl, EndReason::UpstreamLost, aborts)
-                .await?;
-        }
-        Ok(rec)
-    }
-
-    /// Was a response to `req_id` logged after seq `after`? (Recovery only.)
-    fn answered_after(&self, sl: &SessionLog, req_id: &str, after: u64) -> Result<bool> {
-        let head = sl.head();
-        let mut cur = after;
-        while cur < head {
-            let evs = self.read_store(sl, cur, 1024)?;
-            let Some(last) = evs.last() else { break };
-            cur = last.seq;
-            for ev in evs {
-                if let Some(p) = jsonrpc::peek(&ev.payload) {
-                    if p.is_response && p.id.as_deref() == Some(req_id) {
-                        return Ok(true);
-                    }
-                }
-            }
-        }
-        Ok(false)
-    }
-
-    fn lock_logs(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<SessionLog>>> {
-        // Short map operations only, never held across an await.
-        self.logs.lock().unwrap_or_else(|e| e.into_inner())
+        // The open record (with this run's durability) and the sealed epochs are durable before
+        // any event of this run is written: a later recovery knows which run wrote the tail.
+        log.flush().await?;
+        Ok((log, rec, interrupted))
     }
 
     async fn send(&self, op: Op) -> Result<()> {
         self.tx
             .send(op)
             .await
-            .map_err(|_| Error::Store("log writer stopped".into()))
+            .map_err(|_| Error::Store(StoreError::Stopped))
     }
 
-    async fn wait(rx: oneshot::Receiver<Result<u64>>) -> Result<u64> {
-        rx.await
-            .unwrap_or_else(|_| Err(Error::Store("log writer stopped".into())))
+    async fn wait(rx: oneshot::Receiver<std::result::Result<u64, StoreError>>) -> Result<u64> {
+        match rx.await {
+            Ok(r) => r.map_err(Error::Store),
+            Err(_) => Err(Error::Store(StoreError::Stopped)),
+        }
     }
 
-    /// Creates the log of a new session (metadata written before it returns).
+    /// Whether the log takes writes; changes are pushed.
+    pub fn health(&self) -> watch::Receiver<Health> {
+        self.store.health.subscribe()
+    }
+
+    /// The sessions whose appends were lost to a storage failure, as they happen (taken once).
+    pub fn take_failures(&self) -> Option<mpsc::UnboundedReceiver<SessionId>> {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+    }
+
+    /// Creates the log of a new session (its meta record durable before it returns).
     ///
     /// # Errors
-    /// [`Error::Store`] when the metadata cannot be written.
+    /// [`Error::Store`] when the record cannot be written.
     pub async fn create(
         &self,
         id: SessionId,
@@ -598,44 +859,35 @@ impl Log {
             oldest: 1,
             head: 0,
         };
-        let sl = Arc::new(SessionLog::new(id, ranges, 0, meta));
-        self.write_meta(&sl).await?;
-        self.lock_logs().insert(id, sl.clone());
-        Ok(sl)
-    }
-
-    async fn write_meta(&self, sl: &Arc<SessionLog>) -> Result<u64> {
+        let sl = Arc::new(SessionLog::new(id, ranges, meta));
         let (done, rx) = oneshot::channel();
-        self.send(Op::Meta {
+        self.send(Op::Create {
             log: sl.clone(),
-            done: Some(done),
+            done,
         })
         .await?;
-        Self::wait(rx).await
+        Self::wait(rx).await?;
+        Ok(sl)
     }
 
     /// The log of session `id`, live or ended, if this proxy holds it.
     pub fn get(&self, id: &SessionId) -> Option<Arc<SessionLog>> {
-        self.lock_logs().get(id).cloned()
+        self.store.lock_logs().get(id).cloned()
     }
 
     /// Every session log held.
     pub fn all(&self) -> Vec<Arc<SessionLog>> {
-        self.lock_logs().values().cloned().collect()
+        self.store.lock_logs().values().cloned().collect()
     }
 
     /// Queues an append without waiting for it: events of one session keep their order because one
-    /// writer serves one channel. Waits only when the channel is full (back-pressure).
+    /// writer serves one channel. Waits only when the channel is full (back-pressure). A write
+    /// that fails reaches the session through [`Log::take_failures`].
     ///
     /// # Errors
     /// [`Error::Store`] when the writer has stopped.
     pub async fn append_nowait(&self, sl: &Arc<SessionLog>, ev: NewEvent) -> Result<()> {
-        self.send(Op::Append {
-            log: sl.clone(),
-            ev,
-            done: None,
-        })
-        .await
+        self.append_many_nowait(sl, vec![ev]).await
     }
 
     /// Queues consecutive events of one session as one op (see [`Log::append_nowait`]).
@@ -643,9 +895,10 @@ impl Log {
     /// # Errors
     /// [`Error::Store`] when the writer has stopped.
     pub async fn append_many_nowait(&self, sl: &Arc<SessionLog>, evs: Vec<NewEvent>) -> Result<()> {
-        self.send(Op::AppendMany {
+        self.send(Op::Append {
             log: sl.clone(),
             evs,
+            done: None,
         })
         .await
     }
@@ -653,20 +906,20 @@ impl Log {
     /// Appends and waits until the event is durable and published; returns its seq.
     ///
     /// # Errors
-    /// [`Error::Store`] when the write failed.
+    /// [`Error::Store`] when the write failed or the session's log has ended.
     pub async fn append(&self, sl: &Arc<SessionLog>, ev: NewEvent) -> Result<u64> {
         let (done, rx) = oneshot::channel();
         self.send(Op::Append {
             log: sl.clone(),
-            ev,
+            evs: vec![ev],
             done: Some(done),
         })
         .await?;
         Self::wait(rx).await
     }
 
-    /// Records a request as in flight (durably, before it is forwarded), so that a restart can
-    /// still answer it.
+    /// Records a request as in flight (durably, in either durability mode, before it is
+    /// forwarded), so that a restart can still answer it.
     ///
     /// # Errors
     /// [`Error::Store`] when the write failed.
@@ -677,12 +930,10 @@ impl Log {
         stream: StreamTag,
     ) -> Result<()> {
         let (done, rx) = oneshot::channel();
-        let registered_at = sl.lock().assigned;
         self.send(Op::Inflight {
-            session: sl.id,
+            log: sl.clone(),
             request_id: request_id.to_string(),
             stream,
-            registered_at,
             done,
         })
         .await?;
@@ -696,7 +947,7 @@ impl Log {
     pub async fn inflight_done(&self, sl: &Arc<SessionLog>, request_id: &str) -> Result<()> {
         let (done, rx) = oneshot::channel();
         self.send(Op::InflightDone {
-            session: sl.id,
+            log: sl.clone(),
             request_id: request_id.to_string(),
             done,
         })
@@ -704,82 +955,63 @@ impl Log {
         Self::wait(rx).await.map(|_| ())
     }
 
-    /// Ends a session in the log: answers each `(request id, stream)` in `aborts` with a -32091
-    /// error event on its stream, appends the end marker and persists the ended state. Idempotent.
+    /// Ends a session's log: appends `evs` (the answers its end owes), then the end marker
+    /// (payload `{"reason": …}`), and persists the ended state. Idempotent. After it, appends to
+    /// the session are refused. If storage fails, the writer keeps the end and retries it until
+    /// it is written; the error returned then says only that it is not written *yet*.
     ///
     /// # Errors
-    /// [`Error::Store`] when the writes failed.
-    pub async fn end_session(
+    /// [`Error::Store`] when it could not be written now.
+    pub async fn end(
         &self,
         sl: &Arc<SessionLog>,
         reason: EndReason,
-        aborts: Vec<(String, StreamTag)>,
+        evs: Vec<NewEvent>,
     ) -> Result<()> {
-        {
-            let mut st = sl.lock();
-            if st.meta.ended.is_some() {
-                return Ok(());
-            }
-            st.meta.ended = Some(reason);
-            st.meta.ended_unix = Some(unix_now());
-        }
-        let metrics = &self.store.metrics;
-        for (req_id, stream) in aborts {
-            let body = jsonrpc::error_response(
-                &req_id,
-                jsonrpc::INFLIGHT_ABORTED,
-                &format!(
-                    "request aborted: upstream session ended ({})",
-                    reason.as_str()
-                ),
-                serde_json::json!({"reason": reason.as_str(), "session_id": sl.id.to_string()}),
-            );
-            let kind = if stream.is_post() {
-                Kind::Final
-            } else {
-                Kind::Message
-            };
-            let mut ev = NewEvent::new(stream, kind, Bytes::from(body));
-            ev.completes = Some(req_id.clone());
-            self.append_nowait(sl, ev).await?;
-            metrics.inflight_aborted.inc();
-            tracing::warn!(session = %sl.id, request_id = %req_id, reason = reason.as_str(), "in-flight request aborted");
-        }
-        let marker = serde_json::json!({"reason": reason.as_str()}).to_string();
-        self.append(
-            sl,
-            NewEvent::new(StreamTag::LEGACY, Kind::End, Bytes::from(marker)),
-        )
+        let (done, rx) = oneshot::channel();
+        self.send(Op::End {
+            log: sl.clone(),
+            reason,
+            evs,
+            done,
+        })
         .await?;
-        self.write_meta(sl).await?;
-        metrics.session_ended(reason);
-        tracing::info!(session = %sl.id, reason = reason.as_str(), "session ended");
-        Ok(())
+        Self::wait(rx).await.map(|_| ())
     }
 
-    /// Deletes a session's log entirely (retention expired or evicted for space).
+    /// Deletes a session's log entirely (retention expired).
     ///
     /// # Errors
-    /// [`Error::Store`] when the delete failed.
+    /// [`Error::Store`] when the delete could not be written.
     pub async fn remove(&self, id: &SessionId) -> Result<()> {
         let (done, rx) = oneshot::channel();
         self.send(Op::Remove { session: *id, done }).await?;
-        Self::wait(rx).await?;
-        self.lock_logs().remove(id);
-        Ok(())
+        Self::wait(rx).await.map(|_| ())
+    }
+
+    /// Evicts ended sessions (oldest end first) until the live records take at most `target`
+    /// bytes; returns the bytes they take then.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the writer has stopped.
+    pub async fn make_room(&self, target: u64) -> Result<u64> {
+        let (done, rx) = oneshot::channel();
+        self.send(Op::MakeRoom { target, done }).await?;
+        Self::wait(rx).await
     }
 
     /// Up to `max` consecutive events after seq `after`, in order: from the in-memory window when
-    /// it covers them, else from sled. The first event returned may be later than `after + 1` only
-    /// when the events in between were trimmed — the caller must treat that as a gap.
+    /// it covers them, else from the segments. The first event returned may be later than
+    /// `after + 1` only when the events in between were trimmed — the caller must treat that as a
+    /// gap.
     ///
     /// # Errors
-    /// [`Error::Store`] when sled fails to read.
+    /// [`Error::Store`] when a segment cannot be read or holds something else than expected.
     pub fn read_after(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
-        {
+        let (chunks, oldest): (Vec<Chunk>, u64) = {
             let st = sl.lock();
             let head = st.ranges.head;
-            if after >= head {
+            if after >= head || max == 0 {
                 return Ok(Vec::new());
             }
             if let Some(front) = st.window.front() {
@@ -788,78 +1020,49 @@ impl Log {
                     return Ok(st.window.iter().skip(skip).take(max).cloned().collect());
                 }
             }
-        }
-        self.read_store(sl, after, max)
-    }
-
-    fn read_store(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
-        // A sled scan is not a snapshot: a trim applied meanwhile deletes chunks ahead of it (and
-        // rewrites the one holding the new oldest event under a new key), and the scan may jump
-        // over them. Such a hole is retried while the wanted events are still retained; once they
-        // are trimmed, the read stops at the hole and the caller sees the gap (a stream closes,
-        // its resume is refused as trimmed).
-        for _ in 0..3 {
-            let (out, hole) = self.scan(sl, after, max)?;
-            let trimmed = after + 1 < sl.lock().ranges.oldest;
-            if !hole || trimmed {
-                return Ok(out);
-            }
-        }
-        Ok(self.scan(sl, after, max)?.0)
-    }
-
-    /// One scan of up to `max` consecutive events after `after`, stopping at the first hole
-    /// after the first event. Returns whether it saw a hole, including a first event later than
-    /// `after + 1` (which is then the first event returned).
-    fn scan(&self, sl: &SessionLog, after: u64, max: usize) -> Result<(Vec<Arc<Event>>, bool)> {
-        let head = sl.head();
-        let want = after + 1;
-        // The chunk holding `want` is the last key at or before it, if that key is this session's.
-        let start = match self
-            .store
-            .events
-            .range(..=key::event_key(&sl.id, want))
-            .next_back()
-        {
-            Some(item) => match key::parse_event_key(&item.map_err(store_err)?.0) {
-                Some((s, first)) if s == sl.id => first,
-                _ => want,
-            },
-            None => want,
+            let want = (after + 1).max(st.ranges.oldest);
+            let Some(i) = st.chunk_index(want) else {
+                return Ok(Vec::new());
+            };
+            // Enough chunks to cover `max` events (the chunks share nothing with the writer once
+            // cloned: a segment stays readable while a reader holds it).
+            let mut n = 0u64;
+            let chunks = st
+                .chunks
+                .iter()
+                .skip(i)
+                .take_while(|c| {
+                    let take = n < max as u64;
+                    n += c.end() - want.max(c.first);
+                    take
+                })
+                .cloned()
+                .collect();
+            (chunks, st.ranges.oldest)
         };
-        let mut out: Vec<Arc<Event>> = Vec::new();
-        let mut hole = false;
-        let range = key::event_key(&sl.id, start)..=key::event_key(&sl.id, head);
-        for item in self.store.events.range(range) {
-            let (k, v) = item.map_err(store_err)?;
-            let Some((_, first)) = key::parse_event_key(&k) else {
-                continue;
-            };
-            let Some(evs) = key::decode_chunk(first, Bytes::from_owner(v)) else {
-                return Err(Error::Store(format!("corrupt chunk {}:{first}", sl.id)));
-            };
+        let head = sl.head();
+        let mut out = Vec::with_capacity(max.min(1024));
+        for c in chunks {
+            let evs = image::read_chunk_at(&c.seg, &c.entry())?;
             for ev in evs {
-                if ev.seq < want {
+                // Retention is exact: events of a chunk before the oldest retained seq are not
+                // served, though they are still on disk.
+                if ev.seq <= after || ev.seq < oldest || ev.seq > head {
                     continue;
                 }
-                if ev.seq > head || out.len() >= max {
-                    return Ok((out, hole));
-                }
-                match out.last() {
-                    Some(p) if ev.seq != p.seq + 1 => return Ok((out, true)),
-                    None if ev.seq != want => hole = true,
-                    _ => {}
+                if out.len() >= max {
+                    return Ok(out);
                 }
                 out.push(Arc::new(ev));
             }
         }
-        Ok((out, hole))
+        Ok(out)
     }
 
     /// The event at `seq`, if retained.
     ///
     /// # Errors
-    /// [`Error::Store`] when sled fails to read.
+    /// [`Error::Store`] when a segment cannot be read.
     pub fn event_at(&self, sl: &SessionLog, seq: u64) -> Result<Option<Arc<Event>>> {
         if seq == 0 {
             return Ok(None);
@@ -871,26 +1074,26 @@ impl Log {
     }
 
     /// The ids (canonical JSON) of the requests of `session` on `stream` that are durably in
-    /// flight: registered and not yet answered by a written event. An answer removes its entry in
-    /// the same write that stores it, so after a [`Log::flush`] every request missing here has its
-    /// answer published.
-    ///
-    /// # Errors
-    /// [`Error::Store`] when sled fails to read.
-    pub fn inflight_on(&self, session: &SessionId, stream: StreamTag) -> Result<Vec<String>> {
-        let mut out = Vec::new();
-        for item in self.store.inflight.scan_prefix(session.0) {
-            let (k, v) = item.map_err(store_err)?;
-            if key::parse_inflight_value(&v).is_some_and(|(s, _)| s == stream) {
-                out.push(String::from_utf8_lossy(&k[16..]).into_owned());
-            }
-        }
-        Ok(out)
+    /// flight: registered and not yet answered by a published event. An answer ends its
+    /// request's entry in the same write, so after a [`Log::flush`] every request missing here
+    /// has its answer published.
+    pub fn inflight_on(&self, sl: &SessionLog, stream: StreamTag) -> Vec<String> {
+        sl.lock()
+            .inflight
+            .iter()
+            .filter(|(_, s)| **s == stream)
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
-    /// Payload bytes retained, all sessions.
+    /// Bytes of live records, all sessions (what `log.max_total_bytes` bounds).
     pub fn total_bytes(&self) -> u64 {
-        self.store.total_bytes.load(Ordering::Relaxed)
+        self.store.retained.load(Ordering::Relaxed)
+    }
+
+    /// Bytes of the segment files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.store.disk.load(Ordering::Relaxed)
     }
 
     /// Waits until everything queued so far is durable.
@@ -903,38 +1106,48 @@ impl Log {
         Self::wait(rx).await.map(|_| ())
     }
 
-    /// Drains the writer, flushes, and marks the log clean so the next start keeps the epoch.
-    /// Call once, after every producer has stopped.
+    /// Drains the writer, writes the clean-stop record, syncs, and stops the writer so the next
+    /// start keeps the epoch. Call once, after every producer has stopped.
     ///
     /// # Errors
-    /// [`Error::Store`] when the final flush failed.
+    /// [`Error::Store`] when the final write failed.
     pub async fn close(&self) -> Result<()> {
-        self.flush().await?;
-        self.store.meta.insert("clean", b"1").map_err(store_err)?;
-        self.store.db.flush_async().await.map_err(store_err)?;
+        let (done, rx) = oneshot::channel();
+        self.send(Op::Close { done }).await?;
+        let r = Self::wait(rx).await.map(|_| ());
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = writer {
-            // Everything is flushed; stop the writer and wait, so the store is released when
-            // the last handle goes (a restart in the same process can reopen it).
+            // Stop the writer and wait, so the directory lock is released when the last handle
+            // goes (a restart in the same process can reopen it).
             w.stop().await;
         }
-        Ok(())
+        r
     }
 }
 
 #[cfg(test)]
 impl Log {
-    /// Makes the writer's next `n` turns fail after applying their writes.
-    pub(crate) fn fail_next_turns(&self, n: u32) {
-        self.store.fail_turns.store(n, Ordering::SeqCst);
+    /// Makes the next writes fail with `kind` (one per failed write), as a full or failing disk
+    /// would; the integration tests do it for real on a small tmpfs.
+    pub(crate) fn fail_next_writes(&self, kinds: &[std::io::ErrorKind]) {
+        self.store
+            .fail_writes
+            .lock()
+            .unwrap()
+            .extend(kinds.iter().copied());
     }
 
-    /// Simulates a crash: the writer stops without marking the log clean.
+    /// Simulates a crash: the writer stops where it is, without the clean-stop record.
     pub(crate) async fn crash(self: Arc<Self>) {
         let writer = self.writer.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(w) = writer {
             w.stop().await;
         }
+    }
+
+    /// Sizes of the segment files, ascending by id.
+    pub(crate) fn segment_ids(&self) -> Vec<u64> {
+        segment::list(&self.store.dir).unwrap()
     }
 }
 

@@ -1,78 +1,333 @@
-//! The single writer (on its own thread, see [`spawn`]): group commit.
+//! The single writer (on its own thread, see [`spawn`]): group commit, retention, compaction, and
+//! what happens when storage fails.
 //!
-//! Ops arrive over a bounded channel. Each turn takes everything queued (up to [`MAX_BATCH`]),
-//! assigns seqs, packs each session's events of the turn into chunks (one sled key each, see
-//! [`key`]), writes one sled batch per tree, flushes once when durability is `fsync`, and only
-//! then publishes: heads move, windows grow, acks fire. Throughput scales with the batch size, not
-//! with fsync latency or sled's per-key cost. A failed write rolls the assigned seqs back, so seqs
-//! never have holes (I2).
+//! Each *turn* takes everything queued (up to [`MAX_BATCH`] ops), assigns seqs, packs each
+//! session's events of the turn into chunk records, writes the whole turn with one `pwrite` at the
+//! end of the newest segment, and — with `durability = "fsync"`, or when the turn holds an
+//! in-flight record, a flush request or the end of a compaction — one `fdatasync`. Only then is it
+//! published: heads move, windows grow, acks fire, readers wake. Throughput scales with the batch
+//! size, not with the sync's latency.
+//!
+//! Layout of a turn's write: records copied forward by compaction, then single records (metas,
+//! in-flight records, trims, removes), then the chunks, then the metas of the sessions that ended
+//! in the turn. An answer travels in the chunk that also ends its request's in-flight record, and
+//! anything that ends a record's life is written after every copy of it, so replaying the log in
+//! order (recovery) always ends in the state the writer had.
+//!
+//! A write that fails is cut off again (`ftruncate`), its seqs are rolled back (no holes, I2), and
+//! every op in it is answered with the error. Sessions whose events were lost are reported through
+//! the failures channel, to be ended. Out of space, the log is *degraded*: ends are retried every
+//! second until one turn succeeds and the log is healthy again. Anything else (an I/O error, a
+//! read-only file system, a failed `fdatasync`, whose effect on the page cache is unknown) leaves
+//! it *failed*: no more writes; the process is expected to exit and recover on restart.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
-use super::{key, Event, LogState, Op, SessionLog, Store, WINDOW_BYTES, WINDOW_EVENTS};
+use super::image::{Image, Loc};
+use super::record::{self, ChunkBuilder, Type};
+use super::segment::{self, Segment};
+use super::{
+    unix_now, Ack, Chunk, Event, Health, Interrupted, Kind, Op, Recovery, SessionLog, Store,
+    StreamTag,
+};
 use crate::config::Durability;
-use crate::error::{Error, Result};
-use crate::log::cursor::SessionId;
+use crate::domain::EndReason;
+use crate::error::StoreError;
+use crate::log::cursor::{EpochRange, LogRanges, SessionId};
 
-/// Most ops written in one batch.
+/// Most ops taken in one turn.
 pub(crate) const MAX_BATCH: usize = 1024;
 /// Most events in one chunk. Bounds what a read of one event decodes.
 const CHUNK_EVENTS: u32 = 256;
 /// A chunk is closed once its encoding reaches this size (one large event may exceed it).
 const CHUNK_BYTES: usize = 64 * 1024;
+/// Bytes of old records compaction reads per turn, so that a turn's latency stays small.
+const COMPACT_SLICE: usize = 1024 * 1024;
+/// How often a degraded log retries the ends it owes.
+const RETRY_EVERY: Duration = Duration::from_secs(1);
 
-type Ack = Option<oneshot::Sender<Result<u64>>>;
+// === state ===
 
-struct Pending {
+/// One segment file and how many of its bytes are live records.
+struct SegInfo {
+    seg: Arc<Segment>,
+    len: u64,
+    live: u64,
+}
+
+/// The writer's bookkeeping of one session's single records (its chunks are in its log).
+#[derive(Default)]
+struct WSess {
+    meta: Option<Loc>,
+    trim: Option<Loc>,
+    inflight: HashMap<String, Loc>,
+}
+
+/// Records the writer owes, written at the start of its next turn.
+enum Internal {
+    Open,
+    Meta(Arc<SessionLog>),
+    Trim(Arc<SessionLog>),
+    Remove(SessionId),
+}
+
+/// What recovery hands to the writer.
+pub(crate) struct State {
+    segs: BTreeMap<u64, SegInfo>,
+    active: u64,
+    ws: HashMap<SessionId, WSess>,
+    open_loc: Option<Loc>,
+    internal: Vec<Internal>,
+}
+
+/// An end still to be written (kept across failed turns).
+#[derive(Clone)]
+struct PendingEnd {
     log: Arc<SessionLog>,
-    event: Arc<Event>,
-    received: tokio::time::Instant,
-    done: Ack,
+    evs: Vec<(StreamTag, Kind, Bytes, Option<String>)>,
 }
 
-/// Turns written to sled whose flush is still running. Turn N+1 is assembled and applied while
-/// turn N's fsync is in flight, so an event that arrives during a flush waits for its own turn
-/// only; turns still publish strictly in order.
-const PIPELINE: usize = 2;
+// === recovery ===
 
-/// A turn written to sled, waiting to become durable and then published.
-struct Turn {
-    pending: Vec<Pending>,
-    acks: Vec<oneshot::Sender<Result<u64>>>,
-    /// Chunk keys it inserted: removed again if the turn fails, so no stale chunk survives a
-    /// rollback of its seqs.
-    keys: Vec<[u8; 24]>,
-    durable: Durable,
-}
-
-enum Durable {
-    /// Applied (and needing no flush), or failed.
-    Ready(std::result::Result<(), String>),
-    /// Applied; the flush runs in a task on the writer's runtime.
-    Flushing(tokio::task::JoinHandle<std::result::Result<(), String>>),
-}
-
-impl Durable {
-    async fn wait(&mut self) -> std::result::Result<(), String> {
-        match self {
-            Durable::Ready(r) => r.clone(),
-            Durable::Flushing(h) => match h.await {
-                Ok(r) => r,
-                Err(e) => Err(format!("log flush task failed: {e}")),
-            },
+/// Rebuilds the sessions of `img` into `store`, cuts a torn tail, decides the seals, and creates
+/// this run's first segment.
+///
+/// # Errors
+/// A segment could not be opened, cut or created.
+pub(crate) fn recover(
+    store: &Arc<Store>,
+    mut img: Image,
+) -> Result<(Recovery, Vec<Interrupted>, State), StoreError> {
+    let dir = store.dir.clone();
+    let mut rec = Recovery {
+        clean: img.clean,
+        damaged: img.damage.len(),
+        ..Default::default()
+    };
+    if let Some(at) = img.torn_at {
+        let last = img
+            .segments
+            .last_mut()
+            .expect("a torn tail is in a segment");
+        if at < record::SEGMENT_HEADER as u64 {
+            // Its creation was cut short: nothing in it was ever acknowledged.
+            let path = dir.join(segment::file_name(last.id));
+            std::fs::remove_file(&path).map_err(|e| StoreError::io("remove segment", e))?;
+            segment::sync_dir(&dir)?;
+            rec.torn_bytes = last.file_len;
+            img.segments.pop();
+        } else {
+            let seg = Segment::open(&dir, last.id, true)?;
+            seg.truncate(at)?;
+            seg.sync()?;
+            rec.torn_bytes = last.file_len - at;
+            last.file_len = at;
         }
+        tracing::warn!(dir = %dir.display(), bytes = rec.torn_bytes, "log ended in a torn write (an unclean stop); cut it off");
     }
+    let mut segs = BTreeMap::new();
+    for s in &img.segments {
+        segs.insert(
+            s.id,
+            SegInfo {
+                seg: Arc::new(Segment::open(&dir, s.id, false)?),
+                len: s.file_len,
+                live: 0,
+            },
+        );
+    }
+    let birth = |segs: &mut BTreeMap<u64, SegInfo>, l: Loc| {
+        if let Some(s) = segs.get_mut(&l.seg) {
+            s.live += u64::from(l.len);
+        }
+    };
+    // The tail of a run that did not sync each turn cannot be proven: seal the live sessions'
+    // epochs at what survived, so no id it may have shown is ever given to another event.
+    let seal = !img.clean && img.last_open_fsync != Some(true);
+    let mut ws = HashMap::new();
+    let mut internal = vec![Internal::Open];
+    let mut interrupted = Vec::new();
+    let sessions = std::mem::take(&mut img.sessions);
+    for (id, s) in sessions {
+        let Some((mut meta, meta_loc)) = s.meta.clone() else {
+            continue;
+        };
+        let r = s.retained();
+        // Never below a seq the metadata or a trim knows was reached (no reuse, I2).
+        let mut head = r.head;
+        if let Some((t, _)) = s.trim {
+            head = head.max(t.saturating_sub(1));
+        }
+        for e in &meta.epochs {
+            head = head.max(e.last.unwrap_or(0)).max(e.first.saturating_sub(1));
+        }
+        if meta.epochs.is_empty() {
+            meta.epochs.push(EpochRange {
+                epoch: 1,
+                first: 1,
+                last: None,
+            });
+        }
+        let oldest = if r.chunks.is_empty() {
+            head + 1
+        } else {
+            r.oldest
+        };
+        let mut chunks = VecDeque::with_capacity(r.chunks.len());
+        let mut bytes = 0;
+        for c in &r.chunks {
+            let seg = segs
+                .get(&c.loc.seg)
+                .expect("chunk in a scanned segment")
+                .seg
+                .clone();
+            birth(&mut segs, c.loc);
+            bytes += c.payload;
+            chunks.push_back(Chunk {
+                first: c.first,
+                count: c.count,
+                payload: c.payload,
+                skipped: 0,
+                seg,
+                off: c.loc.off,
+                len: c.loc.len,
+            });
+        }
+        // Exact bytes of a chunk only partly retained.
+        if let Some(f) = chunks.front_mut() {
+            if oldest > f.first {
+                let sizes = read_sizes(f)?;
+                f.skipped = sizes[..(oldest - f.first) as usize].iter().sum();
+                bytes -= f.skipped;
+            }
+        }
+        let mut rewrite_meta = false;
+        if meta.ended.is_none() {
+            // Ended in the log, but the meta saying so was lost with a torn write?
+            if let Some(last) = chunks.back() {
+                let evs = super::image::read_chunk_at(&last.seg, &last.entry())?;
+                if let Some(end) = evs.last().filter(|e| e.kind == Kind::End) {
+                    meta.ended = Some(end_reason(&end.payload));
+                    meta.ended_unix = Some(unix_now());
+                    rewrite_meta = true;
+                }
+            }
+        }
+        let live = meta.ended.is_none();
+        if live && seal {
+            let last = meta.epochs.last_mut().expect("one epoch");
+            if last.last.is_none() {
+                last.last = Some(head);
+                let next = last.epoch + 1;
+                meta.epochs.push(EpochRange {
+                    epoch: next,
+                    first: head + 1,
+                    last: None,
+                });
+                rec.sealed += 1;
+                rewrite_meta = true;
+            }
+        }
+        let ranges = LogRanges {
+            epochs: meta.epochs.clone(),
+            oldest,
+            head,
+        };
+        let sl = Arc::new(SessionLog::new(id, ranges, meta));
+        let mut w = WSess {
+            meta: Some(meta_loc),
+            trim: s.trim.map(|(_, l)| l),
+            inflight: HashMap::new(),
+        };
+        birth(&mut segs, meta_loc);
+        if let Some(l) = w.trim {
+            birth(&mut segs, l);
+        }
+        let mut owed = Vec::new();
+        for (req, e) in &s.inflight {
+            w.inflight.insert(req.clone(), e.loc);
+            birth(&mut segs, e.loc);
+            owed.push((req.clone(), e.stream));
+        }
+        sl.restore(bytes, chunks, owed.iter().cloned().collect());
+        if rewrite_meta {
+            internal.push(Internal::Meta(sl.clone()));
+        }
+        rec.sessions += 1;
+        rec.events += (head + 1).saturating_sub(oldest);
+        if live {
+            rec.live += 1;
+            rec.inflight += owed.len();
+            owed.sort();
+            interrupted.push(Interrupted {
+                log: sl.clone(),
+                inflight: owed,
+            });
+        }
+        ws.insert(id, w);
+        store.lock_logs().insert(id, sl);
+    }
+    if let Some(l) = img.open_loc {
+        birth(&mut segs, l);
+    }
+    // This run writes to a segment of its own.
+    let active = segs.keys().next_back().map_or(1, |id| id + 1);
+    let seg = Segment::create(&dir, active)?;
+    segs.insert(
+        active,
+        SegInfo {
+            seg: Arc::new(seg),
+            len: record::SEGMENT_HEADER as u64,
+            live: 0,
+        },
+    );
+    store
+        .retained
+        .store(segs.values().map(|s| s.live).sum(), Ordering::Relaxed);
+    store
+        .disk
+        .store(segs.values().map(|s| s.len).sum(), Ordering::Relaxed);
+    Ok((
+        rec,
+        interrupted,
+        State {
+            segs,
+            active,
+            ws,
+            open_loc: img.open_loc,
+            internal,
+        },
+    ))
 }
+
+/// The reason an end marker's payload names.
+fn end_reason(payload: &[u8]) -> EndReason {
+    #[derive(serde::Deserialize)]
+    struct Marker {
+        reason: EndReason,
+    }
+    serde_json::from_slice::<Marker>(payload)
+        .map(|m| m.reason)
+        .unwrap_or(EndReason::UpstreamLost)
+}
+
+/// Payload sizes of the events of a chunk, read from its segment.
+fn read_sizes(c: &Chunk) -> Result<Vec<u64>, StoreError> {
+    let evs = super::image::read_chunk_at(&c.seg, &c.entry())?;
+    Ok(evs.iter().map(|e| e.payload.len() as u64).collect())
+}
+
+// === the thread ===
 
 /// The writer's thread. The writer runs on a thread of its own (with a single-threaded runtime)
-/// rather than as a task of the proxy's runtime: its sled work is CPU-bound, and on a runtime
-/// worker it would either stall the client streams and upstream readers queued behind it or pay
-/// a `block_in_place` hand-off per turn; and its turns do not wait in a worker's queue behind
-/// hundreds of stream tasks.
+/// rather than as a task of the proxy's runtime: its file I/O blocks, and on a runtime worker it
+/// would stall the client streams and upstream readers queued behind it.
 pub(crate) struct Handle {
     stop: oneshot::Sender<()>,
     thread: std::thread::JoinHandle<()>,
@@ -89,453 +344,1154 @@ impl Handle {
 }
 
 /// Starts the writer thread.
-pub(crate) fn spawn(store: Arc<Store>, rx: mpsc::Receiver<Op>) -> Result<Handle> {
+///
+/// # Errors
+/// The thread or its runtime could not be created.
+pub(crate) fn spawn(
+    store: Arc<Store>,
+    state: State,
+    rx: mpsc::Receiver<Op>,
+) -> Result<Handle, StoreError> {
     let (stop, stopped) = oneshot::channel();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Store(format!("log writer runtime: {e}")))?;
+        .map_err(|e| StoreError::io("start the log writer's runtime", e))?;
+    let active = state.segs[&state.active].seg.clone();
+    let active_len = state.segs[&state.active].len;
+    let mut w = Writer {
+        store,
+        st: state,
+        active,
+        active_len,
+        dirty: false,
+        compaction: None,
+        pending_ends: Vec::new(),
+        closed: false,
+        last_retry: tokio::time::Instant::now(),
+        probe: 0,
+    };
     let thread = std::thread::Builder::new()
         .name("log-writer".into())
-        .spawn(move || rt.block_on(run(store, rx, stopped)))
-        .map_err(|e| Error::Store(format!("log writer thread: {e}")))?;
+        .spawn(move || rt.block_on(w.run(rx, stopped)))
+        .map_err(|e| StoreError::io("start the log writer's thread", e))?;
     Ok(Handle { stop, thread })
 }
 
-/// Runs until every sender is dropped and every turn is published, or until stopped.
-async fn run(store: Arc<Store>, mut rx: mpsc::Receiver<Op>, mut stopped: oneshot::Receiver<()>) {
-    let mut ops = Vec::with_capacity(MAX_BATCH);
-    let mut queue: VecDeque<Turn> = VecDeque::with_capacity(PIPELINE);
-    let mut open = true;
-    // A dropped handle (the log dropped without `close`) is not a stop: drain as usual.
-    let mut stoppable = true;
-    while open || !queue.is_empty() {
-        tokio::select! {
-            biased;
-            r = &mut stopped, if stoppable => match r {
-                Ok(()) => return,
-                Err(_) => stoppable = false,
-            },
-            r = wait_front(&mut queue), if !queue.is_empty() => {
-                match r {
-                    Ok(()) => {
-                        let turn = queue.pop_front().expect("front turn");
-                        publish_turn(&store, turn);
+struct Writer {
+    store: Arc<Store>,
+    st: State,
+    active: Arc<Segment>,
+    active_len: u64,
+    /// Written since the last sync.
+    dirty: bool,
+    /// Compaction in progress: segment and offset of the next record to look at.
+    compaction: Option<(u64, u64)>,
+    pending_ends: Vec<PendingEnd>,
+    closed: bool,
+    last_retry: tokio::time::Instant,
+    /// Bytes of free space that count as "space again" after running out (0 while not degraded).
+    probe: usize,
+}
+
+/// What a record written in a turn does once the turn is durable.
+enum Effect {
+    /// A live record copied forward by compaction.
+    Moved {
+        key: MovedKey,
+        old: Loc,
+    },
+    Meta(Arc<SessionLog>),
+    Inflight(Arc<SessionLog>, String, StreamTag),
+    InflightDone(Arc<SessionLog>, String),
+    Trim(Arc<SessionLog>),
+    Remove(SessionId),
+    Open,
+    Clean,
+    Chunk(Box<ChunkOut>),
+}
+
+/// What identifies a record moved by compaction.
+enum MovedKey {
+    Chunk(SessionId, u64),
+    Session(SessionId),
+    Inflight(SessionId, String),
+    Open,
+}
+
+/// A chunk written in a turn.
+struct ChunkOut {
+    log: Arc<SessionLog>,
+    first: u64,
+    count: u64,
+    payload: u64,
+    events: Vec<Arc<Event>>,
+    received: Vec<tokio::time::Instant>,
+    completes: Vec<String>,
+}
+
+/// A record (or a copied one) and its effect.
+struct Item {
+    bytes: Vec<u8>,
+    effect: Effect,
+}
+
+/// The chunks of one session being built in a turn.
+struct Building {
+    log: Arc<SessionLog>,
+    done: Vec<(ChunkBuilder, ChunkOut)>,
+    cur: Option<(ChunkBuilder, ChunkOut)>,
+    /// The turn carries appends (not only an end) for it.
+    appended: bool,
+}
+
+/// One turn being assembled.
+#[derive(Default)]
+struct Turn {
+    copies: Vec<Item>,
+    inline: Vec<Item>,
+    building: Vec<Building>,
+    index: HashMap<SessionId, usize>,
+    post: Vec<Item>,
+    sync: bool,
+    acks: Vec<Ack>,
+    append_acks: Vec<(Ack, u64)>,
+    ends: Vec<(PendingEnd, Option<Ack>)>,
+    make_room: Vec<(u64, Ack)>,
+    /// Segments to delete once this turn is durable.
+    delete: Vec<u64>,
+    /// Compaction cursor before this turn (restored if it fails).
+    compaction_before: Option<(u64, u64)>,
+}
+
+impl Turn {
+    fn is_empty(&self) -> bool {
+        self.copies.is_empty()
+            && self.inline.is_empty()
+            && self.building.is_empty()
+            && self.post.is_empty()
+    }
+
+    fn building(&mut self, log: &Arc<SessionLog>) -> &mut Building {
+        let i = *self.index.entry(log.id).or_insert_with(|| {
+            self.building.push(Building {
+                log: log.clone(),
+                done: Vec::new(),
+                cur: None,
+                appended: false,
+            });
+            self.building.len() - 1
+        });
+        &mut self.building[i]
+    }
+
+    /// Assigns the next seq of `log` to an event and adds it to the session's open chunk.
+    fn add_event(
+        &mut self,
+        log: &Arc<SessionLog>,
+        stream: StreamTag,
+        kind: Kind,
+        payload: Bytes,
+        received: tokio::time::Instant,
+        completes: Option<String>,
+    ) -> u64 {
+        let (seq, epoch) = log.assign();
+        let b = self.building(log);
+        if b.cur
+            .as_ref()
+            .is_some_and(|(cb, _)| cb.count() >= CHUNK_EVENTS || cb.encoded_len() >= CHUNK_BYTES)
+        {
+            let full = b.cur.take().expect("checked");
+            b.done.push(full);
+        }
+        let (cb, out) = b.cur.get_or_insert_with(|| {
+            (
+                ChunkBuilder::default(),
+                ChunkOut {
+                    log: log.clone(),
+                    first: seq,
+                    count: 0,
+                    payload: 0,
+                    events: Vec::new(),
+                    received: Vec::new(),
+                    completes: Vec::new(),
+                },
+            )
+        });
+        cb.push(epoch, kind, stream, &payload);
+        out.count += 1;
+        out.payload += payload.len() as u64;
+        out.received.push(received);
+        if let Some(c) = completes {
+            out.completes.push(c);
+        }
+        out.events.push(Arc::new(Event {
+            seq,
+            epoch,
+            stream,
+            kind,
+            payload,
+        }));
+        seq
+    }
+}
+
+impl Writer {
+    /// Runs until the log is closed, every sender is gone, or it is stopped.
+    async fn run(&mut self, mut rx: mpsc::Receiver<Op>, mut stopped: oneshot::Receiver<()>) {
+        let mut ops = Vec::with_capacity(MAX_BATCH);
+        let mut open = true;
+        let mut stoppable = true;
+        while open || !self.st.internal.is_empty() {
+            // Ops left over from a turn that reached its byte cap, records owed, compaction.
+            let busy = !ops.is_empty() || !self.st.internal.is_empty() || self.wants_compaction();
+            let retrying = !self.pending_ends.is_empty() || self.health() == Health::Degraded;
+            tokio::select! {
+                biased;
+                r = &mut stopped, if stoppable => match r {
+                    Ok(()) => return,
+                    // A dropped handle (the log dropped without `close`) is not a stop.
+                    Err(_) => stoppable = false,
+                },
+                n = rx.recv_many(&mut ops, MAX_BATCH), if open && ops.len() < MAX_BATCH => {
+                    if n == 0 {
+                        open = false;
                     }
-                    Err(e) => fail_all(&store, &mut queue, &e),
                 }
+                // Work of its own (owed records, compaction): go on without waiting.
+                _ = std::future::ready(()), if busy => {}
+                _ = tokio::time::sleep_until(self.last_retry + RETRY_EVERY), if retrying => {}
             }
-            n = rx.recv_many(&mut ops, MAX_BATCH), if open && queue.len() < PIPELINE => {
-                if n == 0 {
-                    open = false;
-                } else {
-                    queue.push_back(write_turn(&store, &mut ops));
+            self.turn(&mut ops);
+            if self.closed {
+                // Nothing is written after the clean-stop record.
+                rx.close();
+                while let Ok(op) = rx.try_recv() {
+                    self.reject(op, &StoreError::Stopped);
                 }
+                return;
+            }
+        }
+        if self.dirty {
+            if let Err(e) = self.active.sync() {
+                tracing::error!(error = %e, "final log sync failed");
             }
         }
     }
-    if let Err(e) = store.db.flush_async().await {
-        tracing::error!(error = %e, "final log flush failed");
+
+    fn health(&self) -> Health {
+        *self.store.health.borrow()
     }
-}
 
-async fn wait_front(queue: &mut VecDeque<Turn>) -> std::result::Result<(), String> {
-    match queue.front_mut() {
-        Some(t) => t.durable.wait().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Assigns seqs, packs chunks and applies one turn; starts its flush when it needs one.
-fn write_turn(store: &Arc<Store>, ops: &mut Vec<Op>) -> Turn {
-    let mut chunks = Chunks::default();
-    let mut inflight = TreeBatch::default();
-    let mut sessions = TreeBatch::default();
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut acks: Vec<oneshot::Sender<Result<u64>>> = Vec::new();
-    let mut removes = Vec::new();
-    // A request's in-flight record is flushed before it is forwarded even in relaxed mode: it is
-    // what lets a restart answer the request (I6), and requests are rare next to events.
-    let mut must_flush = false;
-
-    for op in ops.drain(..) {
-        match op {
-            Op::Append { log, ev, done } => {
-                add_event(&mut chunks, &mut inflight, &mut pending, &log, ev, done);
+    /// One turn: plan, write, sync, publish (or fail).
+    fn turn(&mut self, ops: &mut Vec<Op>) {
+        if self.health() == Health::Failed {
+            for op in ops.drain(..) {
+                self.reject(op, &StoreError::Unavailable);
             }
-            Op::AppendMany { log, evs } => {
+            return;
+        }
+        self.rotate_if_full();
+        let mut t = Turn {
+            compaction_before: self.compaction,
+            ..Default::default()
+        };
+        if self.health() == Health::Ok {
+            self.compact_slice(&mut t);
+        }
+        for i in std::mem::take(&mut self.st.internal) {
+            self.plan_internal(&mut t, i);
+        }
+        let due = self.health() == Health::Ok || self.last_retry.elapsed() >= RETRY_EVERY;
+        if self.health() == Health::Degraded && due {
+            self.last_retry = tokio::time::Instant::now();
+            self.probe_space();
+        }
+        if !self.pending_ends.is_empty() && due {
+            self.last_retry = tokio::time::Instant::now();
+            for pe in std::mem::take(&mut self.pending_ends) {
+                plan_end(&mut t, pe, None);
+            }
+        }
+        // A turn takes ops up to about `turn_bytes` of events; the rest wait for the next turn, so
+        // the bounds applied after each turn are never overshot by more than one turn.
+        let mut planned = 0usize;
+        let mut taken = 0usize;
+        for op in ops.iter() {
+            if taken > 0 && planned >= self.store.turn_bytes {
+                break;
+            }
+            planned += op_bytes(op);
+            taken += 1;
+        }
+        for op in ops.drain(..taken) {
+            self.plan_op(&mut t, op);
+        }
+        let must_sync = t.sync || self.store.durability == Durability::Fsync;
+        if t.is_empty() && !(t.sync && self.dirty) {
+            self.publish(t, Vec::new());
+            return;
+        }
+        let (buf, effects) = self.encode(&mut t);
+        let written = self.write(&buf, must_sync);
+        match written {
+            Ok(()) => self.publish(t, effects),
+            Err(e) => {
+                self.probe = self.probe.max((buf.len() * 2).clamp(1 << 20, 64 << 20));
+                self.fail(t, e)
+            }
+        }
+    }
+
+    fn write(&mut self, buf: &[u8], sync: bool) -> Result<(), StoreError> {
+        #[cfg(test)]
+        if let Some(kind) = self.store.fail_writes.lock().unwrap().pop_front() {
+            // Part of the turn reaches the file, as a real short write would leave it.
+            let _ = self.active.write_at(&buf[..buf.len() / 2], self.active_len);
+            let e = match kind {
+                std::io::ErrorKind::StorageFull => std::io::Error::from_raw_os_error(28),
+                std::io::ErrorKind::ReadOnlyFilesystem => std::io::Error::from_raw_os_error(30),
+                _ => std::io::Error::from_raw_os_error(5),
+            };
+            return Err(StoreError::io("write segment", e));
+        }
+        // The turn counts as written only once it is also synced (when it must be): a failure
+        // anywhere leaves `active_len` at the turn's start, where `fail` cuts the file.
+        if !buf.is_empty() {
+            self.active.write_at(buf, self.active_len)?;
+        }
+        if sync && (self.dirty || !buf.is_empty()) {
+            self.active.sync()?;
+            self.dirty = false;
+        } else if !buf.is_empty() {
+            self.dirty = true;
+        }
+        if !buf.is_empty() {
+            self.active_len += buf.len() as u64;
+            self.store
+                .disk
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            if let Some(s) = self.st.segs.get_mut(&self.st.active) {
+                s.len = self.active_len;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a new segment once the active one has reached its target size. The full segment is
+    /// synced first (in either durability mode), so every segment but the newest is complete on
+    /// disk and a torn write can only be at the very end of the log.
+    fn rotate_if_full(&mut self) {
+        if self.active_len < self.store.seg_size || self.health() != Health::Ok {
+            return;
+        }
+        if self.dirty {
+            if let Err(e) = self.active.sync() {
+                self.fatal(&e);
+                return;
+            }
+            self.dirty = false;
+        }
+        let id = self.st.active + 1;
+        match Segment::create(&self.store.dir, id) {
+            Ok(seg) => {
+                let seg = Arc::new(seg);
+                let len = record::SEGMENT_HEADER as u64;
+                self.st.segs.insert(
+                    id,
+                    SegInfo {
+                        seg: seg.clone(),
+                        len,
+                        live: 0,
+                    },
+                );
+                self.store.disk.fetch_add(len, Ordering::Relaxed);
+                self.st.active = id;
+                self.active = seg;
+                self.active_len = len;
+            }
+            Err(e) => {
+                // Not fatal: the full segment takes the next turns too.
+                self.store.metrics.store_errors.inc();
+                tracing::error!(error = %e, "cannot start a new log segment; appending to the current one");
+            }
+        }
+    }
+
+    /// Degraded (out of space): has enough space returned? Writes and deletes a probe file of
+    /// twice the size of the write that failed (at least 1 MiB), so that a few freed bytes — the
+    /// failed write's own, cut off again — do not make readiness flap.
+    fn probe_space(&mut self) {
+        use std::io::Write;
+        let path = self.store.dir.join(".space-probe");
+        let want = self.probe;
+        let probe = (|| -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&path)?;
+            let block = vec![0u8; 64 * 1024];
+            let mut left = want;
+            while left > 0 {
+                let n = left.min(block.len());
+                f.write_all(&block[..n])?;
+                left -= n;
+            }
+            Ok(())
+        })();
+        let _ = std::fs::remove_file(&path);
+        match probe {
+            Ok(()) => {
+                tracing::info!(probe_bytes = want, "log storage has space again; ready");
+                self.probe = 0;
+                self.store.set_health(Health::Ok);
+            }
+            Err(e) => tracing::debug!(error = %e, probe_bytes = want, "log storage still full"),
+        }
+    }
+
+    fn fatal(&mut self, e: &StoreError) {
+        self.store.metrics.store_errors.inc();
+        tracing::error!(error = %e, "log storage failed; the log takes no more writes");
+        self.store.set_health(Health::Failed);
+    }
+
+    // --- planning ---
+
+    fn plan_internal(&mut self, t: &mut Turn, i: Internal) {
+        match i {
+            Internal::Open => {
+                let mut b = Vec::new();
+                record::open(
+                    &mut b,
+                    self.store.durability == Durability::Fsync,
+                    unix_now(),
+                );
+                t.inline.push(Item {
+                    bytes: b,
+                    effect: Effect::Open,
+                });
+                t.sync = true;
+            }
+            Internal::Meta(log) => t.inline.push(meta_item(&log)),
+            Internal::Trim(log) => {
+                if log.removed() {
+                    return;
+                }
+                let oldest = log.oldest();
+                let mut b = Vec::new();
+                record::trim(&mut b, &log.id, oldest);
+                t.inline.push(Item {
+                    bytes: b,
+                    effect: Effect::Trim(log),
+                });
+            }
+            Internal::Remove(id) => {
+                let mut b = Vec::new();
+                record::remove(&mut b, &id);
+                t.inline.push(Item {
+                    bytes: b,
+                    effect: Effect::Remove(id),
+                });
+            }
+        }
+    }
+
+    fn plan_op(&mut self, t: &mut Turn, op: Op) {
+        if self.closed {
+            self.reject(op, &StoreError::Stopped);
+            return;
+        }
+        match op {
+            Op::Create { log, done } => {
+                t.inline.push(meta_item(&log));
+                t.acks.push(done);
+            }
+            Op::Append { log, evs, done } => {
+                // After a lost append nothing more is logged for the session: later events under
+                // contiguous ids would hide the lost ones.
+                if !log.takes_appends() {
+                    tracing::debug!(session = %log.id, events = evs.len(), "append after the session's end or a lost append refused");
+                    if let Some(d) = done {
+                        let _ = d.send(Err(StoreError::SessionEnded));
+                    }
+                    return;
+                }
+                let mut last = 0;
                 for ev in evs {
-                    add_event(&mut chunks, &mut inflight, &mut pending, &log, ev, None);
+                    last = t.add_event(
+                        &log,
+                        ev.stream,
+                        ev.kind,
+                        ev.payload,
+                        ev.received,
+                        ev.completes,
+                    );
+                }
+                t.building(&log).appended = true;
+                if let Some(d) = done {
+                    t.append_acks.push((d, last));
                 }
             }
             Op::Inflight {
-                session,
+                log,
                 request_id,
                 stream,
-                registered_at,
                 done,
             } => {
-                inflight.insert(
-                    key::inflight_key(&session, &request_id),
-                    &key::inflight_value(stream, registered_at),
-                );
-                must_flush = true;
-                acks.push(done);
+                let registered_at = log.assigned();
+                let mut b = Vec::new();
+                record::inflight(&mut b, &log.id, stream, registered_at, &request_id);
+                t.inline.push(Item {
+                    bytes: b,
+                    effect: Effect::Inflight(log, request_id, stream),
+                });
+                // Durable before the request is forwarded, in either mode: it is what lets a
+                // restart answer the request (I6), and requests are rare next to events.
+                t.sync = true;
+                t.acks.push(done);
             }
             Op::InflightDone {
-                session,
+                log,
                 request_id,
                 done,
             } => {
-                inflight.remove(key::inflight_key(&session, &request_id));
-                acks.push(done);
+                let mut b = Vec::new();
+                record::inflight_done(&mut b, &log.id, &request_id);
+                t.inline.push(Item {
+                    bytes: b,
+                    effect: Effect::InflightDone(log, request_id),
+                });
+                t.acks.push(done);
             }
-            Op::Meta { log, done } => {
-                let meta = serde_json::to_vec(&log.lock().meta).expect("meta serialises");
-                sessions.insert(&log.id.0, meta);
-                if let Some(d) = done {
-                    acks.push(d);
+            Op::End {
+                log,
+                reason,
+                evs,
+                done,
+            } => {
+                if !log.begin_end(reason) {
+                    // Idempotent: the end is already written or on its way.
+                    let _ = done.send(Ok(0));
+                    return;
                 }
+                let mut evs: Vec<_> = evs
+                    .into_iter()
+                    .map(|e| (e.stream, e.kind, e.payload, e.completes))
+                    .collect();
+                let marker = serde_json::json!({"reason": reason.as_str()}).to_string();
+                evs.push((StreamTag::LEGACY, Kind::End, Bytes::from(marker), None));
+                plan_end(t, PendingEnd { log, evs }, Some(done));
             }
             Op::Remove { session, done } => {
-                removes.push(session);
-                acks.push(done);
+                let mut b = Vec::new();
+                record::remove(&mut b, &session);
+                t.inline.push(Item {
+                    bytes: b,
+                    effect: Effect::Remove(session),
+                });
+                t.acks.push(done);
             }
+            Op::MakeRoom { target, done } => t.make_room.push((target, done)),
             Op::Flush { done } => {
-                must_flush = true;
-                acks.push(done);
+                t.sync = true;
+                t.acks.push(done);
+            }
+            Op::Close { done } => {
+                let mut b = Vec::new();
+                record::clean(&mut b, unix_now());
+                t.post.push(Item {
+                    bytes: b,
+                    effect: Effect::Clean,
+                });
+                t.sync = true;
+                t.acks.push(done);
+                self.closed = true;
             }
         }
     }
 
-    let flush = must_flush || store.durability == Durability::Fsync;
-    let (events, keys) = chunks.into_batch();
-    // Synchronous sled work, on the writer's own thread: tens of microseconds per key.
-    let applied = apply(store, events, inflight, sessions, &removes);
-    // Write failures on demand for unit tests: a full disk or an I/O error is not something a
-    // test can make sled produce. The turn fails after it was applied — the worst case: its
-    // chunks are in the tree but not durable.
-    #[cfg(test)]
-    let applied = applied.and_then(|()| {
-        let fail = store
-            .fail_turns
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        fail.map_or(Ok(()), |_| Err("injected write failure".to_string()))
-    });
-    let durable = match applied {
-        Ok(()) if flush => {
-            let store = store.clone();
-            Durable::Flushing(tokio::spawn(async move {
-                store
-                    .db
-                    .flush_async()
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            }))
-        }
-        other => Durable::Ready(other),
-    };
-    Turn {
-        pending,
-        acks,
-        keys,
-        durable,
-    }
-}
-
-/// Assigns the next seq of `log` to `ev` and adds it to the turn.
-fn add_event(
-    chunks: &mut Chunks,
-    inflight: &mut TreeBatch,
-    pending: &mut Vec<Pending>,
-    log: &Arc<SessionLog>,
-    ev: super::NewEvent,
-    done: Ack,
-) {
-    let (seq, epoch) = {
-        let mut st = log.lock();
-        st.assigned += 1;
-        (st.assigned, st.ranges.current_epoch())
-    };
-    chunks.push(&log.id, seq, epoch, &ev);
-    if let Some(req) = &ev.completes {
-        inflight.remove(key::inflight_key(&log.id, req));
-    }
-    pending.push(Pending {
-        event: Arc::new(Event {
-            seq,
-            epoch,
-            stream: ev.stream,
-            kind: ev.kind,
-            payload: ev.payload,
-        }),
-        log: log.clone(),
-        received: ev.received,
-        done,
-    });
-}
-
-/// The front turn failed: it and every later turn (written after it, so not provable either)
-/// are rejected, their chunks removed and their sessions' seqs rolled back to the durable head,
-/// so the next append reuses them (I2: no holes).
-fn fail_all(store: &Store, queue: &mut VecDeque<Turn>, e: &str) {
-    tracing::error!(error = %e, turns = queue.len(), "log write failed; appends in these turns are rejected");
-    let mut batch = sled::Batch::default();
-    for turn in queue.drain(..) {
-        if let Durable::Flushing(h) = &turn.durable {
-            h.abort();
-        }
-        for k in &turn.keys {
-            batch.remove(&k[..]);
-        }
-        for p in turn.pending {
-            {
-                let mut st = p.log.lock();
-                st.assigned = st.ranges.head;
-            }
-            if let Some(d) = p.done {
-                let _ = d.send(Err(Error::Store(e.to_string())));
-            }
-        }
-        for a in turn.acks {
-            let _ = a.send(Err(Error::Store(e.to_string())));
-        }
-    }
-    if let Err(e) = store.events.apply_batch(batch) {
-        tracing::error!(error = %e, "removing the chunks of failed turns failed too");
-    }
-}
-
-/// Publishes a durable turn: heads move, windows grow, sessions over their bound are trimmed,
-/// acks fire, readers wake.
-fn publish_turn(store: &Store, turn: Turn) {
-    let metrics = &store.metrics;
-    let mut touched: HashMap<SessionId, Arc<SessionLog>> = HashMap::new();
-    // Appenders hear back after retention is applied, like readers.
-    let mut acks = Vec::new();
-    for p in turn.pending {
-        {
-            let mut st = p.log.lock();
-            publish(&mut st, &p.event);
-        }
-        metrics.logged.inc();
-        metrics
-            .append_seconds
-            .observe(p.received.elapsed().as_secs_f64());
-        store
-            .total_bytes
-            .fetch_add(p.event.payload.len() as u64, Ordering::Relaxed);
-        if let Some(d) = p.done {
-            acks.push((d, p.event.seq));
-        }
-        touched.entry(p.log.id).or_insert(p.log);
-    }
-    // Trim before waking readers, so nobody observes a head beyond the retention bound. Most
-    // turns trim nothing: `trim` returns at once for a session within its bound.
-    for log in touched.values() {
-        if let Err(e) = trim(store, log) {
-            tracing::error!(session = %log.id, error = %e, "trim failed");
-        }
-    }
-    for log in touched.values() {
-        let head = log.lock().ranges.head;
-        log.head_tx.send_replace(head);
-    }
-    metrics
-        .log_bytes
-        .set(store.total_bytes.load(Ordering::Relaxed) as i64);
-    for (d, seq) in acks {
-        let _ = d.send(Ok(seq));
-    }
-    for a in turn.acks {
-        let _ = a.send(Ok(0));
-    }
-}
-
-/// The chunks of one turn: each session's events, in seq order, cut at [`CHUNK_EVENTS`] /
-/// [`CHUNK_BYTES`].
-#[derive(Default)]
-struct Chunks {
-    /// Session → (first seq, chunk being filled).
-    open: HashMap<SessionId, (u64, key::ChunkBuilder)>,
-    full: Vec<([u8; 24], Vec<u8>)>,
-}
-
-impl Chunks {
-    fn push(&mut self, session: &SessionId, seq: u64, epoch: u32, ev: &super::NewEvent) {
-        let (_, chunk) = self
-            .open
-            .entry(*session)
-            .or_insert_with(|| (seq, key::ChunkBuilder::default()));
-        chunk.push(epoch, ev.kind, ev.stream, &ev.payload);
-        if chunk.count() >= CHUNK_EVENTS || chunk.encoded_len() >= CHUNK_BYTES {
-            if let Some((first, chunk)) = self.open.remove(session) {
-                self.full
-                    .push((key::event_key(session, first), chunk.finish()));
-            }
-        }
-    }
-
-    /// The batch to apply and the keys it inserts.
-    fn into_batch(mut self) -> (TreeBatch, Vec<[u8; 24]>) {
-        for (session, (first, chunk)) in self.open.drain() {
-            self.full
-                .push((key::event_key(&session, first), chunk.finish()));
-        }
-        let mut batch = TreeBatch::default();
-        let mut keys = Vec::with_capacity(self.full.len());
-        for (k, v) in self.full {
-            batch.insert(&k, v);
-            keys.push(k);
-        }
-        (batch, keys)
-    }
-}
-
-/// A sled batch that knows whether anything was put in it. Applying even an empty batch takes
-/// sled's global write lock and logs a batch marker, and most turns touch only the `events` tree.
-#[derive(Default)]
-struct TreeBatch {
-    batch: sled::Batch,
-    len: usize,
-}
-
-impl TreeBatch {
-    fn insert(&mut self, key: impl Into<sled::IVec>, value: impl Into<sled::IVec>) {
-        self.batch.insert(key, value);
-        self.len += 1;
-    }
-
-    fn remove(&mut self, key: impl Into<sled::IVec>) {
-        self.batch.remove(key);
-        self.len += 1;
-    }
-
-    fn apply(self, tree: &sled::Tree) -> sled::Result<()> {
-        if self.len == 0 {
-            return Ok(());
-        }
-        tree.apply_batch(self.batch)
-    }
-}
-
-fn apply(
-    store: &Store,
-    events: TreeBatch,
-    inflight: TreeBatch,
-    sessions: TreeBatch,
-    removes: &[SessionId],
-) -> std::result::Result<(), String> {
-    let e = |e: sled::Error| e.to_string();
-    events.apply(&store.events).map_err(e)?;
-    inflight.apply(&store.inflight).map_err(e)?;
-    sessions.apply(&store.sessions).map_err(e)?;
-    for id in removes {
-        remove_session(store, id).map_err(e)?;
-    }
-    Ok(())
-}
-
-fn publish(st: &mut LogState, ev: &Arc<Event>) {
-    st.ranges.head = ev.seq;
-    st.bytes += ev.payload.len() as u64;
-    st.window_bytes += ev.payload.len();
-    st.window.push_back(ev.clone());
-    while st.window.len() > WINDOW_EVENTS || (st.window_bytes > WINDOW_BYTES && st.window.len() > 1)
-    {
-        if let Some(old) = st.window.pop_front() {
-            st.window_bytes -= old.payload.len();
-        }
-    }
-}
-
-/// Is `log` over its count or byte bound?
-fn over_bound(store: &Store, log: &SessionLog) -> bool {
-    let st = log.lock();
-    let count = st.ranges.head + 1 - st.ranges.oldest.min(st.ranges.head + 1);
-    count > store.max_events || st.bytes > store.max_bytes
-}
-
-/// Drops the oldest events of `log` while it is over its count or byte bound. Trims to 90% of the
-/// bound so that a busy session trims in batches rather than on every append. Never trims the head.
-/// Whole chunks go; the chunk holding the new oldest event is rewritten under its new first seq,
-/// in the same sled batch, so retention is exact to the event.
-fn trim(store: &Store, log: &SessionLog) -> std::result::Result<(), String> {
-    if !over_bound(store, log) {
-        return Ok(());
-    }
-    let (oldest, head, bytes) = {
-        let st = log.lock();
-        (st.ranges.oldest, st.ranges.head, st.bytes)
-    };
-    let count = head + 1 - oldest.min(head + 1);
-    let target_count = store.max_events - store.max_events / 10;
-    let target_bytes = store.max_bytes - store.max_bytes / 10;
-    let (mut n, mut b) = (count, bytes);
-    let mut batch = sled::Batch::default();
-    let mut new_oldest = oldest;
-    let mut freed = 0u64;
-    let start = key::event_key(&log.id, oldest);
-    let end = key::event_key(&log.id, head);
-    'chunks: for item in store.events.range(start..=end) {
-        let (k, v) = item.map_err(|e| e.to_string())?;
-        let Some((_, first)) = key::parse_event_key(&k) else {
-            continue;
+    /// Lays the turn out (copies, single records, chunks, end metas) and lists each record's
+    /// effect with its place.
+    fn encode(&mut self, t: &mut Turn) -> (Vec<u8>, Vec<(Effect, Loc)>) {
+        let mut buf = Vec::new();
+        let mut effects = Vec::new();
+        let seg = self.st.active;
+        let base = self.active_len;
+        let place = |buf: &mut Vec<u8>, start: usize| Loc {
+            seg,
+            off: base + start as u64,
+            len: (buf.len() - start) as u32,
         };
-        let Some(evs) = key::decode_chunk(first, bytes::Bytes::from_owner(v)) else {
-            return Err(format!("corrupt chunk {}:{first}", log.id));
-        };
-        for (i, ev) in evs.iter().enumerate() {
-            if (n <= target_count && b <= target_bytes) || ev.seq >= head {
-                // This chunk keeps events from `ev` on: store them under their new first key.
-                if i > 0 {
-                    let mut rest = key::ChunkBuilder::default();
-                    for e in &evs[i..] {
-                        rest.push(e.epoch, e.kind, e.stream, &e.payload);
-                    }
-                    batch.remove(k);
-                    batch.insert(&key::event_key(&log.id, ev.seq), rest.finish());
+        for item in t.copies.drain(..).chain(t.inline.drain(..)) {
+            let start = buf.len();
+            buf.extend_from_slice(&item.bytes);
+            effects.push((item.effect, place(&mut buf, start)));
+        }
+        for b in &mut t.building {
+            if let Some(cur) = b.cur.take() {
+                b.done.push(cur);
+            }
+            for (cb, out) in b.done.drain(..) {
+                let start = buf.len();
+                record::chunk(
+                    &mut buf,
+                    &out.log.id,
+                    out.first,
+                    &out.completes,
+                    &cb.finish(),
+                );
+                effects.push((Effect::Chunk(Box::new(out)), place(&mut buf, start)));
+            }
+        }
+        for item in t.post.drain(..) {
+            let start = buf.len();
+            buf.extend_from_slice(&item.bytes);
+            effects.push((item.effect, place(&mut buf, start)));
+        }
+        (buf, effects)
+    }
+
+    // --- failure ---
+
+    /// Answers an op that will not be carried out; a session whose events are refused learns it.
+    fn reject(&self, op: Op, e: &StoreError) {
+        let done = match op {
+            Op::Create { done, .. }
+            | Op::Inflight { done, .. }
+            | Op::InflightDone { done, .. }
+            | Op::End { done, .. }
+            | Op::Remove { done, .. }
+            | Op::MakeRoom { done, .. }
+            | Op::Flush { done }
+            | Op::Close { done } => Some(done),
+            Op::Append { log, done, .. } => {
+                if log.mark_failed() {
+                    let _ = self.store.failures.send(log.id);
+                    log.wake();
                 }
-                break 'chunks;
+                done
             }
-            let len = ev.payload.len() as u64;
-            n -= 1;
-            b -= len;
-            freed += len;
-            new_oldest = ev.seq + 1;
-        }
-        batch.remove(k);
-    }
-    store.events.apply_batch(batch).map_err(|e| e.to_string())?;
-    let mut st = log.lock();
-    st.ranges.oldest = new_oldest;
-    st.bytes -= freed;
-    while st.window.front().is_some_and(|e| e.seq < new_oldest) {
-        if let Some(old) = st.window.pop_front() {
-            st.window_bytes -= old.payload.len();
+        };
+        if let Some(d) = done {
+            let _ = d.send(Err(e.clone()));
         }
     }
-    drop(st);
-    store.total_bytes.fetch_sub(freed, Ordering::Relaxed);
-    Ok(())
+
+    /// The turn's write or sync failed: cut it off, roll its seqs back, answer its ops with the
+    /// error, report the sessions whose events are lost, and keep the ends it carried.
+    fn fail(&mut self, t: Turn, e: StoreError) {
+        self.store.metrics.store_errors.inc();
+        let cut = self.active.truncate(self.active_len);
+        let recoverable = e.is_no_space() && cut.is_ok();
+        if recoverable {
+            tracing::error!(error = %e, "log write failed: out of space; the sessions it carried end, readiness is lost until writes succeed again");
+            self.store.set_health(Health::Degraded);
+        } else {
+            if let Err(c) = &cut {
+                tracing::error!(error = %c, "cannot cut off a failed log write");
+            }
+            self.fatal(&e);
+        }
+        self.compaction = t.compaction_before;
+        for b in &t.building {
+            b.log.roll_back();
+            if b.appended && b.log.mark_failed() {
+                let _ = self.store.failures.send(b.log.id);
+                b.log.wake();
+            }
+        }
+        for (pe, ack) in t.ends {
+            pe.log.mark_failed();
+            pe.log.wake();
+            if let Some(a) = ack {
+                let _ = a.send(Err(e.clone()));
+            }
+            self.pending_ends.push(pe);
+        }
+        for a in t.acks {
+            let _ = a.send(Err(e.clone()));
+        }
+        for (a, _) in t.append_acks {
+            let _ = a.send(Err(e.clone()));
+        }
+        for (_, a) in t.make_room {
+            let _ = a.send(Err(e.clone()));
+        }
+    }
+
+    // --- publishing ---
+
+    fn birth(&mut self, l: Loc) {
+        if let Some(s) = self.st.segs.get_mut(&l.seg) {
+            s.live += u64::from(l.len);
+        }
+        self.store
+            .retained
+            .fetch_add(u64::from(l.len), Ordering::Relaxed);
+    }
+
+    fn kill(&mut self, l: Loc) {
+        if let Some(s) = self.st.segs.get_mut(&l.seg) {
+            s.live = s.live.saturating_sub(u64::from(l.len));
+        }
+        let _ = self
+            .store
+            .retained
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| {
+                Some(r.saturating_sub(u64::from(l.len)))
+            });
+    }
+
+    /// Applies a durable turn: records take effect, events are published, retention is applied,
+    /// acks fire, readers wake.
+    fn publish(&mut self, t: Turn, effects: Vec<(Effect, Loc)>) {
+        let metrics = self.store.metrics.clone();
+        let mut touched: HashMap<SessionId, Arc<SessionLog>> = HashMap::new();
+        for (effect, loc) in effects {
+            match effect {
+                Effect::Moved { key, old } => self.moved(key, old, loc),
+                // A record of a session deleted meanwhile is dead on arrival.
+                Effect::Meta(log) | Effect::Inflight(log, ..) | Effect::Trim(log)
+                    if log.removed() => {}
+                Effect::Meta(log) => {
+                    let w = self.st.ws.entry(log.id).or_default();
+                    let old = w.meta.replace(loc);
+                    if let Some(o) = old {
+                        self.kill(o);
+                    }
+                    self.birth(loc);
+                    self.store.lock_logs().entry(log.id).or_insert(log);
+                }
+                Effect::Inflight(log, id, stream) => {
+                    let w = self.st.ws.entry(log.id).or_default();
+                    let old = w.inflight.insert(id.clone(), loc);
+                    if let Some(o) = old {
+                        self.kill(o);
+                    }
+                    self.birth(loc);
+                    log.set_inflight(id, stream);
+                }
+                Effect::InflightDone(log, id) => self.end_inflight(&log, &id),
+                Effect::Trim(log) => {
+                    let old = self.st.ws.entry(log.id).or_default().trim.replace(loc);
+                    if let Some(o) = old {
+                        self.kill(o);
+                    }
+                    self.birth(loc);
+                }
+                Effect::Remove(id) => self.remove_now(&id),
+                Effect::Open => {
+                    if let Some(o) = self.st.open_loc.replace(loc) {
+                        self.kill(o);
+                    }
+                    self.birth(loc);
+                }
+                Effect::Clean => {}
+                Effect::Chunk(c) => {
+                    let c = *c;
+                    self.birth(loc);
+                    let log = c.log.clone();
+                    for id in &c.completes {
+                        self.end_inflight(&log, id);
+                    }
+                    let chunk = Chunk {
+                        first: c.first,
+                        count: c.count,
+                        payload: c.payload,
+                        skipped: 0,
+                        seg: self.st.segs[&loc.seg].seg.clone(),
+                        off: loc.off,
+                        len: loc.len,
+                    };
+                    log.publish_chunk(chunk, &c.events);
+                    metrics.logged.inc_by(c.events.len() as u64);
+                    for r in &c.received {
+                        metrics.append_seconds.observe(r.elapsed().as_secs_f64());
+                    }
+                    touched.entry(log.id).or_insert(log);
+                }
+            }
+        }
+        // Trim before waking readers, so nobody observes a head beyond the retention bound.
+        for log in touched.values() {
+            self.trim_session(log, self.store.max_events, self.store.max_bytes);
+        }
+        self.enforce_total();
+        let mut room = Vec::new();
+        for (target, done) in t.make_room {
+            self.evict_ended(target);
+            room.push((done, self.store.retained.load(Ordering::Relaxed)));
+        }
+        for log in touched.values() {
+            log.wake();
+        }
+        for (pe, _) in &t.ends {
+            pe.log.wake();
+        }
+        metrics
+            .log_bytes
+            .set(self.store.retained.load(Ordering::Relaxed) as i64);
+        metrics
+            .log_disk_bytes
+            .set(self.store.disk.load(Ordering::Relaxed) as i64);
+        // Segments whose live records were all copied forward by a durable turn go.
+        if !t.delete.is_empty() && !self.dirty {
+            for id in t.delete {
+                self.delete_segment(id);
+            }
+        } else {
+            // Not synced (cannot happen: a turn that completes a compaction syncs): keep them.
+            debug_assert!(t.delete.is_empty());
+        }
+        for (d, seq) in t.append_acks {
+            let _ = d.send(Ok(seq));
+        }
+        for (_, ack) in t.ends {
+            if let Some(a) = ack {
+                let _ = a.send(Ok(0));
+            }
+        }
+        for a in t.acks {
+            let _ = a.send(Ok(0));
+        }
+        for (d, r) in room {
+            let _ = d.send(Ok(r));
+        }
+    }
+
+    fn end_inflight(&mut self, log: &Arc<SessionLog>, id: &str) {
+        let old = self
+            .st
+            .ws
+            .get_mut(&log.id)
+            .and_then(|w| w.inflight.remove(id));
+        if let Some(o) = old {
+            self.kill(o);
+        }
+        log.clear_inflight(id);
+    }
+
+    /// A record copied by compaction is durable at `new`: what pointed at `old` points there.
+    fn moved(&mut self, key: MovedKey, old: Loc, new: Loc) {
+        let still = match &key {
+            MovedKey::Chunk(id, first) => {
+                let log = self.store.lock_logs().get(id).cloned();
+                let seg = self.st.segs[&new.seg].seg.clone();
+                log.is_some_and(|log| log.relocate_chunk(*first, old, seg, new.off))
+            }
+            MovedKey::Session(id) => {
+                let w = self.st.ws.get_mut(id);
+                match w {
+                    Some(w) if w.meta == Some(old) => {
+                        w.meta = Some(new);
+                        true
+                    }
+                    Some(w) if w.trim == Some(old) => {
+                        w.trim = Some(new);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            MovedKey::Inflight(id, req) => {
+                match self.st.ws.get_mut(id).and_then(|w| w.inflight.get_mut(req)) {
+                    Some(l) if *l == old => {
+                        *l = new;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            MovedKey::Open => {
+                if self.st.open_loc == Some(old) {
+                    self.st.open_loc = Some(new);
+                    true
+                } else {
+                    false
+                }
+            }
+        };
+        if still {
+            self.kill(old);
+            self.birth(new);
+        }
+    }
+
+    /// Deletes a session from memory; its records become dead (the remove record that makes it
+    /// durable is written by the caller, or in the next turn).
+    fn remove_now(&mut self, id: &SessionId) {
+        let log = self.store.lock_logs().remove(id);
+        if let Some(w) = self.st.ws.remove(id) {
+            for l in w
+                .meta
+                .into_iter()
+                .chain(w.trim)
+                .chain(w.inflight.into_values())
+            {
+                self.kill(l);
+            }
+        }
+        if let Some(log) = log {
+            for c in log.clear_removed() {
+                self.kill(c.loc());
+            }
+            log.wake();
+        }
+    }
+
+    // --- retention ---
+
+    /// Trims `log` to its bounds (see [`SessionLog::trim`]); its chunks that became dead are
+    /// counted out and the trim record is owed. Returns whether anything was trimmed.
+    fn trim_session(&mut self, log: &Arc<SessionLog>, max_events: u64, max_bytes: u64) -> bool {
+        let Some(dead) = log.trim(max_events, max_bytes) else {
+            return false;
+        };
+        for l in dead {
+            self.kill(l);
+        }
+        self.st.internal.push(Internal::Trim(log.clone()));
+        true
+    }
+
+    /// Keeps the live records within `log.max_total_bytes`: ended sessions go first (oldest end
+    /// first), then the largest live sessions are trimmed.
+    fn enforce_total(&mut self) {
+        let max = self.store.max_total;
+        if self.store.retained.load(Ordering::Relaxed) <= max {
+            return;
+        }
+        self.evict_ended(max);
+        let mut guard = 0;
+        while self.store.retained.load(Ordering::Relaxed) > max && guard < 10_000 {
+            guard += 1;
+            let over = self.store.retained.load(Ordering::Relaxed) - max;
+            let largest = self
+                .store
+                .lock_logs()
+                .values()
+                .filter(|l| l.size().2 > 1)
+                .max_by_key(|l| l.bytes())
+                .cloned();
+            let Some(log) = largest else { break };
+            let (n, b, _) = log.size();
+            // Aim a little below: whole chunks free record bytes in steps.
+            let want_b = b.saturating_sub(over + max / 20).max(1);
+            tracing::warn!(session = %log.id, bytes = b, over, "log over log.max_total_bytes: trimming the largest live session");
+            if !self.trim_session(&log, n.max(2) - 1, want_b) {
+                break;
+            }
+        }
+    }
+
+    /// Deletes ended sessions, the longest-ended first, until the live records take at most
+    /// `target` bytes.
+    fn evict_ended(&mut self, target: u64) {
+        if self.store.retained.load(Ordering::Relaxed) <= target {
+            return;
+        }
+        let mut ended: Vec<_> = self
+            .store
+            .lock_logs()
+            .values()
+            .filter(|l| l.end_published())
+            .filter_map(|l| l.ended_unix().map(|t| (t, l.clone())))
+            .collect();
+        ended.sort_by_key(|(t, l)| (*t, l.id));
+        for (_, log) in ended {
+            if self.store.retained.load(Ordering::Relaxed) <= target {
+                break;
+            }
+            tracing::info!(session = %log.id, bytes = log.bytes(), "evicting an ended session's log for space");
+            self.remove_now(&log.id);
+            self.st.internal.push(Internal::Remove(log.id));
+        }
+    }
+
+    // --- compaction ---
+
+    /// Dead bytes are more than a quarter of the files (and there is an old segment to compact).
+    fn wants_compaction(&self) -> bool {
+        if self.compaction.is_some() {
+            return true;
+        }
+        if self.st.segs.len() < 2 || self.health() != Health::Ok || self.closed {
+            return false;
+        }
+        // Only dead bytes outside the active segment can be reclaimed by compacting.
+        let disk: u64 = self.st.segs.values().map(|s| s.len).sum();
+        let dead_old: u64 = self
+            .st
+            .segs
+            .iter()
+            .filter(|(id, _)| **id != self.st.active)
+            .map(|(_, s)| s.len.saturating_sub(s.live))
+            .sum();
+        disk > 2 * self.store.seg_size && dead_old * 4 > disk
+    }
+
+    /// Copies the live records of the next slice of the oldest segment into the turn. Once the
+    /// whole segment is copied, the turn syncs and the segment is deleted after it.
+    fn compact_slice(&mut self, t: &mut Turn) {
+        if self.compaction.is_none() {
+            if !self.wants_compaction() {
+                return;
+            }
+            let oldest = *self.st.segs.keys().next().expect("two segments");
+            self.compaction = Some((oldest, record::SEGMENT_HEADER as u64));
+        }
+        let Some((id, mut off)) = self.compaction else {
+            return;
+        };
+        let Some(info) = self.st.segs.get(&id) else {
+            self.compaction = None;
+            return;
+        };
+        let (seg, len) = (info.seg.clone(), info.len);
+        let mut read = 0usize;
+        while off < len && read < COMPACT_SLICE {
+            let want = ((len - off) as usize).min(COMPACT_SLICE);
+            let mut block = vec![0u8; want];
+            if let Err(e) = seg.read_at(&mut block, off) {
+                tracing::error!(segment = id, error = %e, "compaction cannot read a segment; left as it is");
+                self.compaction = None;
+                return;
+            }
+            let mut pos = 0;
+            loop {
+                match record::read_frame(&block[pos..]) {
+                    Ok((ty, body, n)) => {
+                        let old = Loc {
+                            seg: id,
+                            off: off + pos as u64,
+                            len: n as u32,
+                        };
+                        if let Some(key) = self.live_key(ty, body, old) {
+                            t.copies.push(Item {
+                                bytes: block[pos..pos + n].to_vec(),
+                                effect: Effect::Moved { key, old },
+                            });
+                        }
+                        pos += n;
+                        if pos == block.len() {
+                            break;
+                        }
+                    }
+                    Err(record::FrameError::Short { need }) if pos == 0 => {
+                        // One record longer than the slice: read it whole.
+                        let mut big = vec![0u8; need];
+                        if seg.read_at(&mut big, off).is_err() {
+                            self.compaction = None;
+                            return;
+                        }
+                        block = big;
+                    }
+                    Err(record::FrameError::Short { .. }) => break,
+                    Err(record::FrameError::Corrupt) => {
+                        tracing::error!(
+                            segment = id,
+                            offset = off + pos as u64,
+                            "compaction found a corrupt record; the segment is kept"
+                        );
+                        self.compaction = None;
+                        return;
+                    }
+                }
+            }
+            off += pos as u64;
+            read += pos;
+        }
+        if off >= len {
+            self.compaction = None;
+            t.delete.push(id);
+            t.sync = true;
+        } else {
+            self.compaction = Some((id, off));
+        }
+    }
+
+    /// If the record at `old` is live, what identifies it.
+    fn live_key(&self, ty: Type, body: &[u8], old: Loc) -> Option<MovedKey> {
+        match ty {
+            Type::Chunk => {
+                let c = record::parse_chunk(body)?;
+                let log = self.store.lock_logs().get(&c.session).cloned()?;
+                (log.chunk_place(c.first)? == old).then_some(MovedKey::Chunk(c.session, c.first))
+            }
+            Type::Meta | Type::Trim => {
+                let id = record::session_of(body)?;
+                let w = self.st.ws.get(&id)?;
+                (w.meta == Some(old) || w.trim == Some(old)).then_some(MovedKey::Session(id))
+            }
+            Type::Inflight => {
+                let (id, _, _, req) = record::parse_inflight(body)?;
+                let w = self.st.ws.get(&id)?;
+                (w.inflight.get(&req) == Some(&old)).then_some(MovedKey::Inflight(id, req))
+            }
+            Type::Open => (self.st.open_loc == Some(old)).then_some(MovedKey::Open),
+            // Their effect is in the state already; nothing older than the oldest segment
+            // remains for them to act on.
+            Type::InflightDone | Type::Remove | Type::Clean => None,
+        }
+    }
+
+    fn delete_segment(&mut self, id: u64) {
+        let Some(info) = self.st.segs.get(&id) else {
+            return;
+        };
+        if info.live != 0 || id == self.st.active {
+            tracing::error!(
+                segment = id,
+                live = info.live,
+                "a segment to delete still holds live records; kept"
+            );
+            return;
+        }
+        let info = self.st.segs.remove(&id).expect("present");
+        let removed = std::fs::remove_file(info.seg.path())
+            .map_err(|e| StoreError::io("delete segment", e))
+            .and_then(|()| segment::sync_dir(&self.store.dir));
+        match removed {
+            Ok(()) => {
+                let _ = self
+                    .store
+                    .disk
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |d| {
+                        Some(d.saturating_sub(info.len))
+                    });
+                tracing::debug!(segment = id, bytes = info.len, "compacted segment deleted");
+            }
+            Err(e) => {
+                self.store.metrics.store_errors.inc();
+                tracing::error!(segment = id, error = %e, "cannot delete a compacted segment");
+            }
+        }
+    }
 }
 
-fn remove_session(store: &Store, id: &SessionId) -> std::result::Result<(), sled::Error> {
-    let mut batch = sled::Batch::default();
-    let mut freed = 0u64;
-    for item in store.events.scan_prefix(id.0) {
-        let (k, v) = item?;
-        freed += key::chunk_info(&v).map_or(0, |(_, b)| b);
-        batch.remove(k);
+/// Payload bytes an op carries.
+fn op_bytes(op: &Op) -> usize {
+    match op {
+        Op::Append { evs, .. } | Op::End { evs, .. } => evs.iter().map(|e| e.payload.len()).sum(),
+        _ => 0,
     }
-    store.events.apply_batch(batch)?;
-    let mut batch = sled::Batch::default();
-    for item in store.inflight.scan_prefix(id.0) {
-        batch.remove(item?.0);
+}
+
+/// The meta record of `log`, as it is now.
+fn meta_item(log: &Arc<SessionLog>) -> Item {
+    let json = log.meta_json();
+    let mut b = Vec::new();
+    record::meta(&mut b, &log.id, &json);
+    Item {
+        bytes: b,
+        effect: Effect::Meta(log.clone()),
     }
-    store.inflight.apply_batch(batch)?;
-    store.sessions.remove(id.0)?;
-    store.total_bytes.fetch_sub(freed, Ordering::Relaxed);
-    Ok(())
+}
+
+/// Adds an end (its events, the marker among them, then its meta) to the turn.
+fn plan_end(t: &mut Turn, pe: PendingEnd, ack: Option<Ack>) {
+    let now = tokio::time::Instant::now();
+    for (stream, kind, payload, completes) in pe.evs.clone() {
+        t.add_event(&pe.log, stream, kind, payload, now, completes);
+    }
+    t.post.push(meta_item(&pe.log));
+    t.ends.push((pe, ack));
 }

@@ -219,7 +219,7 @@ impl Shared {
     pub fn end_explained(&self, created: Instant, at: Instant) -> bool {
         self.faults()
             .iter()
-            .any(|f| f.begin < at && f.ready.map_or(true, |r| r > created))
+            .any(|f| f.begin < at && f.ready.is_none_or(|r| r > created))
     }
 
     /// Was a relaxed-mode proxy SIGKILLed after `after` (its process still alive then) and
@@ -229,7 +229,7 @@ impl Shared {
             f.kind == FaultKind::ProxyKill
                 && f.mode == Mode::Relaxed
                 && f.begin < before
-                && f.dead.map_or(true, |d| d > after)
+                && f.dead.is_none_or(|d| d > after)
         })
     }
 

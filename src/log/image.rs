@@ -1,0 +1,354 @@
+//! A read-only scan of a data directory: every segment read in order, every record checked
+//! against its checksum, the result folded into what each session holds. Recovery starts from an
+//! [`Image`]; `inspect` prints one.
+//!
+//! Records are applied in log order, so a later record wins: a later meta replaces an earlier one,
+//! a chunk copied forward by compaction replaces its older copy, a remove drops everything of its
+//! session before it. A session's retained events are the longest run of contiguous chunks that
+//! ends at its newest chunk ([`ImageSession::retained`]): anything older that is separated from it
+//! by a hole is not served.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+
+use super::cursor::SessionId;
+use super::record::{self, FrameError, Type};
+use super::segment::{self, Segment};
+use super::{Event, SessionMeta, StreamTag};
+use crate::error::StoreError;
+
+/// Where a record is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Loc {
+    /// Segment id.
+    pub seg: u64,
+    /// Offset of the record's frame.
+    pub off: u64,
+    /// Length of the record on disk (frame included).
+    pub len: u32,
+}
+
+/// One chunk record of a session.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkEntry {
+    /// Seq of its first event.
+    pub first: u64,
+    /// Events in it.
+    pub count: u64,
+    /// Payload bytes of its events.
+    pub payload: u64,
+    /// Where it is.
+    pub loc: Loc,
+}
+
+/// A request recorded as in flight and not answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InflightEntry {
+    /// Stream it was sent on.
+    pub stream: StreamTag,
+    /// The session's head when it was registered.
+    pub registered_at: u64,
+    /// Where its record is.
+    pub loc: Loc,
+}
+
+/// What the log holds for one session.
+#[derive(Clone, Debug, Default)]
+pub struct ImageSession {
+    /// Latest metadata and its record.
+    pub meta: Option<(SessionMeta, Loc)>,
+    /// Chunks by first seq.
+    pub chunks: BTreeMap<u64, ChunkEntry>,
+    /// Latest trim (oldest retained seq) and its record.
+    pub trim: Option<(u64, Loc)>,
+    /// Requests in flight, by canonical JSON-RPC id.
+    pub inflight: HashMap<String, InflightEntry>,
+}
+
+/// A session's retained range, as recovery and `inspect` read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Retained {
+    /// Oldest retained seq (`head + 1` when nothing is).
+    pub oldest: u64,
+    /// Newest seq (0 when the session has no events).
+    pub head: u64,
+    /// The chunks holding `oldest..=head`, in order.
+    pub chunks: Vec<ChunkEntry>,
+}
+
+impl ImageSession {
+    /// The retained range: the run of contiguous chunks ending at the newest one, from the trim
+    /// point on. A session without chunks is empty after the last seq its meta knows of.
+    pub fn retained(&self) -> Retained {
+        let mut run: Vec<ChunkEntry> = Vec::new();
+        for c in self.chunks.values().rev() {
+            match run.last() {
+                Some(next) if c.first + c.count != next.first => break,
+                _ => run.push(*c),
+            }
+        }
+        run.reverse();
+        let trim = self.trim.map_or(0, |(t, _)| t);
+        // Chunks wholly before the trim point are not retained.
+        run.retain(|c| c.first + c.count > trim);
+        match (run.first(), run.last()) {
+            (Some(f), Some(l)) => Retained {
+                oldest: f.first.max(trim),
+                head: l.first + l.count - 1,
+                chunks: run,
+            },
+            _ => {
+                let head = self
+                    .meta
+                    .as_ref()
+                    .and_then(|(m, _)| m.epochs.last())
+                    .map(|e| e.last.unwrap_or(e.first.saturating_sub(1)))
+                    .unwrap_or(0);
+                Retained {
+                    oldest: head + 1,
+                    head,
+                    chunks: Vec::new(),
+                }
+            }
+        }
+    }
+}
+
+/// One segment as scanned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ImageSegment {
+    /// Segment id.
+    pub id: u64,
+    /// Bytes of valid records (header included): where the next record would go.
+    pub valid_len: u64,
+    /// Length of the file.
+    pub file_len: u64,
+}
+
+/// Everything a scan of a data directory found.
+#[derive(Debug)]
+pub struct Image {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Segments, ascending.
+    pub segments: Vec<ImageSegment>,
+    /// Sessions with their records.
+    pub sessions: BTreeMap<SessionId, ImageSession>,
+    /// The last record is a clean-stop record.
+    pub clean: bool,
+    /// Durability of the last run that started (`Some(true)` = fsync), from its open record.
+    pub last_open_fsync: Option<bool>,
+    /// That open record.
+    pub open_loc: Option<Loc>,
+    /// Damage found outside the last segment's tail (each a sentence; logged by recovery).
+    pub damage: Vec<String>,
+    /// The newest segment ends in a torn or corrupt record at this offset (a crash mid-write).
+    pub torn_at: Option<u64>,
+    /// Records read.
+    pub records: u64,
+}
+
+impl Image {
+    /// Scans `dir` without changing anything.
+    ///
+    /// # Errors
+    /// A segment could not be listed, opened or read.
+    pub fn scan(dir: &Path) -> Result<Image, StoreError> {
+        let ids = segment::list(dir)?;
+        let mut img = Image {
+            dir: dir.to_path_buf(),
+            segments: Vec::with_capacity(ids.len()),
+            sessions: BTreeMap::new(),
+            clean: false,
+            last_open_fsync: None,
+            open_loc: None,
+            damage: Vec::new(),
+            torn_at: None,
+            records: 0,
+        };
+        let mut last_type = None;
+        for (i, &id) in ids.iter().enumerate() {
+            let newest = i + 1 == ids.len();
+            let seg = Segment::open(dir, id, false)?;
+            let file_len = seg.file_len()?;
+            let mut buf = vec![0u8; file_len as usize];
+            let n = seg.read_some_at(&mut buf, 0)?;
+            buf.truncate(n);
+            if record::parse_segment_header(&buf) != Some(id) {
+                // A segment whose creation was cut short has no (durable) header: nothing in it
+                // was ever acknowledged. Anywhere else it is damage.
+                if newest {
+                    img.torn_at = Some(0);
+                } else {
+                    img.damage.push(format!(
+                        "segment {} has no valid header; skipped",
+                        seg.path().display()
+                    ));
+                }
+                img.segments.push(ImageSegment {
+                    id,
+                    valid_len: 0,
+                    file_len,
+                });
+                continue;
+            }
+            let mut pos = record::SEGMENT_HEADER;
+            while pos < buf.len() {
+                let (ty, body, len) = match record::read_frame(&buf[pos..]) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let why = match e {
+                            FrameError::Short { .. } => "a torn record",
+                            FrameError::Corrupt => "a corrupt record",
+                        };
+                        if newest {
+                            img.torn_at = Some(pos as u64);
+                        } else {
+                            img.damage.push(format!(
+                                "segment {} has {why} at offset {pos}; the rest of it is skipped",
+                                seg.path().display()
+                            ));
+                        }
+                        break;
+                    }
+                };
+                let loc = Loc {
+                    seg: id,
+                    off: pos as u64,
+                    len: len as u32,
+                };
+                if let Err(why) = img.apply(ty, body, loc) {
+                    img.damage.push(format!(
+                        "segment {} offset {pos}: {why}; record skipped",
+                        seg.path().display()
+                    ));
+                }
+                img.records += 1;
+                last_type = Some(ty);
+                pos += len;
+            }
+            img.segments.push(ImageSegment {
+                id,
+                valid_len: pos.min(buf.len()) as u64,
+                file_len,
+            });
+        }
+        img.clean = last_type == Some(Type::Clean);
+        // A session whose metadata is gone (it can only be partly resurrected: its remove
+        // record was compacted away before an older copy of its data) is not a session.
+        let orphans: Vec<SessionId> = img
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.meta.is_none())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in orphans {
+            img.sessions.remove(&id);
+            img.damage
+                .push(format!("records of session {id} without metadata; ignored"));
+        }
+        Ok(img)
+    }
+
+    fn apply(&mut self, ty: Type, body: &[u8], loc: Loc) -> Result<(), &'static str> {
+        match ty {
+            Type::Chunk => {
+                let c = record::parse_chunk(body).ok_or("unreadable chunk")?;
+                let (count, payload) = record::chunk_info(c.value).ok_or("unreadable chunk")?;
+                if count == 0 {
+                    return Err("empty chunk");
+                }
+                let s = self.sessions.entry(c.session).or_default();
+                for id in &c.completes {
+                    s.inflight.remove(id);
+                }
+                s.chunks.insert(
+                    c.first,
+                    ChunkEntry {
+                        first: c.first,
+                        count,
+                        payload,
+                        loc,
+                    },
+                );
+            }
+            Type::Meta => {
+                let id = record::session_of(body).ok_or("unreadable meta")?;
+                let meta: SessionMeta =
+                    serde_json::from_slice(&body[16..]).map_err(|_| "unreadable meta")?;
+                self.sessions.entry(id).or_default().meta = Some((meta, loc));
+            }
+            Type::Inflight => {
+                let (id, stream, registered_at, req) =
+                    record::parse_inflight(body).ok_or("unreadable in-flight record")?;
+                self.sessions.entry(id).or_default().inflight.insert(
+                    req,
+                    InflightEntry {
+                        stream,
+                        registered_at,
+                        loc,
+                    },
+                );
+            }
+            Type::InflightDone => {
+                let (id, req) =
+                    record::parse_inflight_done(body).ok_or("unreadable in-flight record")?;
+                if let Some(s) = self.sessions.get_mut(&id) {
+                    s.inflight.remove(&req);
+                }
+            }
+            Type::Trim => {
+                let (id, oldest) = record::parse_trim(body).ok_or("unreadable trim")?;
+                let s = self.sessions.entry(id).or_default();
+                if s.trim.is_none_or(|(t, _)| oldest >= t) {
+                    s.trim = Some((oldest, loc));
+                }
+            }
+            Type::Remove => {
+                let id = record::session_of(body).ok_or("unreadable remove")?;
+                self.sessions.remove(&id);
+            }
+            Type::Open => {
+                self.last_open_fsync = Some(record::parse_open(body).ok_or("unreadable open")?);
+                self.open_loc = Some(loc);
+            }
+            Type::Clean => {}
+        }
+        Ok(())
+    }
+
+    /// Reads the events of one chunk (for `inspect`; the proxy reads through its log handle).
+    ///
+    /// # Errors
+    /// The read failed or the record is not the chunk the image says.
+    pub fn read_chunk(&self, c: &ChunkEntry) -> Result<Vec<Event>, StoreError> {
+        let seg = Segment::open(&self.dir, c.loc.seg, false)?;
+        read_chunk_at(&seg, c)
+    }
+}
+
+/// Reads and decodes the chunk record `c` from `seg`, checking its frame.
+///
+/// # Errors
+/// The read failed, or the bytes there are not that chunk.
+pub fn read_chunk_at(seg: &Segment, c: &ChunkEntry) -> Result<Vec<Event>, StoreError> {
+    let mut buf = vec![0u8; c.loc.len as usize];
+    seg.read_at(&mut buf, c.loc.off)?;
+    let corrupt = || {
+        StoreError::Corrupt(format!(
+            "chunk at segment {} offset {} (first seq {})",
+            c.loc.seg, c.loc.off, c.first
+        ))
+    };
+    let (ty, body, _) = record::read_frame(&buf).map_err(|_| corrupt())?;
+    if ty != Type::Chunk {
+        return Err(corrupt());
+    }
+    let start = record::FRAME + 1 + record::chunk_value_offset(body).ok_or_else(corrupt)?;
+    let value = Bytes::from(buf).slice(start..);
+    record::decode_chunk(c.first, value)
+        .filter(|evs| evs.len() as u64 == c.count)
+        .ok_or_else(corrupt)
+}

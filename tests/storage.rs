@@ -1,0 +1,486 @@
+//! Storage faults (issue 9, design.md §10 "Storage failure is loud", "Limits hold"): the data dir
+//! on a small **tmpfs** that fills up and is then freed; on an **ext4** image (loop device) that
+//! goes read-only; and the log's bound measured on disk with `du`. The proxy runs as its own
+//! process (exit codes are part of the contract) in front of the embedded demo upstream, whose
+//! `emit` tool floods a session on demand; everything is real: mounts, files, sockets.
+//!
+//! Mounting needs root (every machine here, CI included, runs tests as root). Where a mount cannot
+//! be made, the test fails with the reason; it never skips.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+use serde_json::{json, Value};
+use support::*;
+
+// ---------------------------------------------------------------------------------------------
+// Mounts
+
+/// A file system mounted for one test; unmounted (and its loop device detached) on drop.
+struct Mount {
+    dir: PathBuf,
+    loop_dev: Option<String>,
+    image: Option<PathBuf>,
+    _tmp: tempfile::TempDir,
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| {
+        panic!("cannot run {cmd}: {e} (the storage tests need root, mount and losetup)")
+    });
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed ({}): {} — the storage tests need root and a kernel that allows mounts",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl Mount {
+    fn tmpfs(size: &str) -> Mount {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        run(
+            "mount",
+            &[
+                "-t",
+                "tmpfs",
+                "-o",
+                &format!("size={size}"),
+                "tmpfs",
+                dir.to_str().unwrap(),
+            ],
+        );
+        Mount {
+            dir,
+            loop_dev: None,
+            image: None,
+            _tmp: tmp,
+        }
+    }
+
+    /// An ext4 image in a loop device, mounted `errors=remount-ro`.
+    fn ext4(size: &str) -> Mount {
+        let tmp = tempfile::tempdir().unwrap();
+        let image = tmp.path().join("fs.img");
+        let dir = tmp.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        run("truncate", &["-s", size, image.to_str().unwrap()]);
+        run("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]);
+        let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()]);
+        let m = Mount {
+            dir,
+            loop_dev: Some(dev),
+            image: Some(image),
+            _tmp: tmp,
+        };
+        m.mount();
+        m
+    }
+
+    fn mount(&self) {
+        let dev = self.loop_dev.as_deref().expect("a loop device");
+        run(
+            "mount",
+            &["-o", "errors=remount-ro", dev, self.dir.to_str().unwrap()],
+        );
+    }
+
+    fn umount(&self) {
+        run("umount", &[self.dir.to_str().unwrap()]);
+    }
+
+    /// Makes the ext4 file system hit an error: with `errors=remount-ro` it aborts its journal
+    /// and turns read-only, so every later write fails with `EROFS`.
+    fn fail_ext4(&self) {
+        let dev = self.loop_dev.as_deref().expect("a loop device");
+        let name = dev.rsplit('/').next().unwrap();
+        std::fs::write(format!("/sys/fs/ext4/{name}/trigger_fs_error"), "1")
+            .expect("trigger an ext4 error");
+    }
+
+    /// Bytes free, as `df` sees them.
+    fn avail(&self) -> u64 {
+        let out = run("df", &["--output=avail", "-B1", self.dir.to_str().unwrap()]);
+        out.lines().last().unwrap().trim().parse().unwrap()
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+        if let Some(dev) = &self.loop_dev {
+            let _ = Command::new("losetup").args(["-d", dev]).status();
+        }
+        if let Some(img) = &self.image {
+            let _ = std::fs::remove_file(img);
+        }
+    }
+}
+
+/// Bytes the directory takes on disk (allocated blocks), as `du` reports them.
+fn du(dir: &Path) -> u64 {
+    let out = run("du", &["-s", "-B1", dir.to_str().unwrap()]);
+    out.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !f().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn readyz(p: &ProxyProc) -> u16 {
+    http_get(&format!("http://127.0.0.1:{}/readyz", p.admin))
+        .await
+        .0
+}
+
+/// Everything a legacy stream delivers until it ends: (id, raw data).
+async fn drain(sse: &mut Sse) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    while let Some(ev) = sse.next().await {
+        if ev.event.as_deref() == Some("endpoint") {
+            continue;
+        }
+        out.push((
+            ev.id.clone().expect("logged events carry an id"),
+            ev.data.to_vec(),
+        ));
+    }
+    out
+}
+
+fn js(data: &[u8]) -> Value {
+    serde_json::from_slice(data).expect("JSON")
+}
+
+/// Ids are `session:epoch:seq` with seq +1 each, from `first_seq`.
+fn assert_contiguous(evs: &[(String, Vec<u8>)], first_seq: u64) {
+    for (k, (id, _)) in evs.iter().enumerate() {
+        assert_eq!(seq_of(id), first_seq + k as u64, "event {k} of {evs:?}");
+    }
+}
+
+/// `emit`'s per-session sequence number of a notification, if it is one.
+fn emit_seq(m: &Value) -> Option<u64> {
+    (m["params"]["logger"] == "emit").then(|| m["params"]["data"]["seq"].as_u64().unwrap())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Full disk: loud, then recovered in process
+
+/// The data dir on an 8 MiB tmpfs, almost full. A session floods it. Then: the write that fails is
+/// counted (`mcp_resume_store_errors_total`), `/readyz` answers 503 within a second, the session
+/// ends `store_error` and its stream closes, new sessions and its resume get 503 `store_error`.
+/// Once space is freed the log takes writes again without a restart: ready; the session's
+/// in-flight request is answered -32091 in its log; a resume replays exactly what followed the
+/// client's cursor, then the end; new sessions work. After a restart every event the client was
+/// ever given is served again, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_disk_is_loud_and_recovers_when_space_returns() {
+    let m = Mount::tmpfs("8m");
+    let data = m.dir.join("data");
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let mut proxy = ProxyProc::start(&up.sse_url(), &data, &[]).await;
+    let base = proxy.base();
+    let metrics = proxy.metrics_url();
+    let (mut sse, url, first) = legacy_session(&base).await;
+    let session = first.split(':').next().unwrap().to_string();
+    // Leave about 1 MiB.
+    let ballast = m.dir.join("ballast");
+    let fill = m.avail().saturating_sub(1 << 20);
+    std::fs::write(&ballast, vec![0u8; fill as usize]).unwrap();
+
+    let flood = call(
+        2,
+        "emit",
+        json!({"count": 100_000, "rate_per_sec": 0, "size": 2000}),
+        None,
+    );
+    assert_eq!(post(&url, &flood).await.0, 202);
+    // The client reads what it is given until the stream closes (it must: the session's events
+    // are being lost).
+    let mut got = vec![];
+    let reader = async {
+        got = drain(&mut sse).await;
+    };
+    let watcher = async {
+        wait_until("a store error is counted", || async {
+            metric(&metrics, "mcp_resume_store_errors_total").await > 0.0
+        })
+        .await;
+        let seen = tokio::time::Instant::now();
+        wait_until("/readyz answers 503", || async {
+            readyz(&proxy).await == 503
+        })
+        .await;
+        seen.elapsed()
+    };
+    let ((), to_unready) = tokio::join!(
+        async {
+            tokio::time::timeout(Duration::from_secs(60), reader)
+                .await
+                .expect("the flooding client's stream closes")
+        },
+        watcher
+    );
+    assert!(
+        to_unready <= Duration::from_secs(1),
+        "/readyz took {to_unready:?} to say 503"
+    );
+    assert!(!got.is_empty());
+    assert_contiguous(&got, 2);
+    wait_until("the session ends store_error", || async {
+        metric(
+            &metrics,
+            "mcp_resume_sessions_ended_total{reason=\"store_error\"}",
+        )
+        .await
+            >= 1.0
+    })
+    .await;
+    // While full: no new session, no resume of the broken history.
+    let (s, _, body) = request("GET", &format!("{base}/sse"), &[], "").await;
+    assert_eq!(s, 503, "{body}");
+    assert_eq!(
+        js(body.as_bytes())["error"]["data"]["reason"],
+        "store_error"
+    );
+    let is_answer = |d: &[u8]| {
+        let m = js(d);
+        m["id"] == 2
+            && m["error"]["code"] == -32091
+            && m["error"]["data"]["reason"] == "store_error"
+    };
+    // The stream closed either on the failure, or (when the log found room for the session's
+    // small end at once, the failed write being cut off again) after the answer and the end.
+    let answered = is_answer(&got.last().unwrap().1);
+    let last = got.last().unwrap().0.clone();
+    let resume = || async {
+        request(
+            "GET",
+            &format!("{base}/sse"),
+            &[("last-event-id", &last)],
+            "",
+        )
+        .await
+    };
+    if !answered {
+        // While full, a resume is refused as long as the end is not logged (503 store_error).
+        let (s, _, body) = resume().await;
+        if s != 200 {
+            assert_eq!(s, 503, "{body}");
+            assert_eq!(
+                js(body.as_bytes())["error"]["data"]["reason"],
+                "store_error"
+            );
+        }
+    }
+    assert_eq!(readyz(&proxy).await, 503, "not ready until space returns");
+
+    // Space returns: the log recovers in process.
+    std::fs::remove_file(&ballast).unwrap();
+    wait_until("/readyz is 200 again", || async {
+        readyz(&proxy).await == 200
+    })
+    .await;
+    let rest = if answered {
+        // Nothing after the answer but the end: the session is over.
+        assert_eq!(resume().await.0, 404);
+        Vec::new()
+    } else {
+        // The resume replays what followed the cursor, then the answer to the flood, then the end.
+        let (mut again, err) = Sse::get(&format!("{base}/sse"), &[("last-event-id", &last)]).await;
+        assert!(err.is_none(), "resume after recovery: {err:?}");
+        let rest = drain(&mut again).await;
+        assert_contiguous(&rest, seq_of(&last) + 1);
+        assert!(
+            is_answer(&rest.last().expect("at least the answer").1),
+            "{rest:?}"
+        );
+        rest
+    };
+    // Nothing of the upstream's stream was skipped silently: what the client received is the
+    // upstream's emit sequence without a hole, up to where the session ended.
+    let seqs: Vec<u64> = got
+        .iter()
+        .chain(&rest)
+        .filter_map(|(_, d)| emit_seq(&js(d)))
+        .collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    // New sessions work again.
+    let (mut fresh, fresh_url, _) = legacy_session(&base).await;
+    assert_eq!(
+        post(&fresh_url, &call(2, "emit", json!({"count": 5}), None))
+            .await
+            .0,
+        202
+    );
+    for _ in 0..6 {
+        fresh.message().await;
+    }
+
+    // Across a restart, every event the client was given is still served, byte for byte.
+    proxy.proc.signal("TERM");
+    assert_eq!(proxy.proc.wait(), Some(0));
+    let proxy = ProxyProc::start(&up.sse_url(), &data, &[]).await;
+    let (mut replay, err) = Sse::get(
+        &format!("{}/sse", proxy.base()),
+        &[("last-event-id", &first)],
+    )
+    .await;
+    assert!(err.is_none(), "{err:?}");
+    let history = drain(&mut replay).await;
+    let given: Vec<_> = got.iter().chain(&rest).cloned().collect();
+    assert_eq!(
+        history, given,
+        "session {session}: the log serves what the client was given"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read-only file system: exit 74, then recovery answers what was in flight
+
+/// The data dir on ext4 (`errors=remount-ro`). Mid-call, the file system hits an error and turns
+/// read-only: the proxy's next write fails with `EROFS`, it ends what it can and exits 74
+/// (`EX_IOERR`). Remounted and restarted, recovery answers the in-flight request with -32091, and
+/// the client's resume replays exactly what followed its cursor, then that answer, then the end;
+/// everything it was given before is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_file_system_exits_74_and_the_restart_answers_what_was_in_flight() {
+    let m = Mount::ext4("64M");
+    let data = m.dir.join("data");
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let mut proxy = ProxyProc::start(&up.sse_url(), &data, &[]).await;
+    let base = proxy.base();
+    let (mut sse, url, first) = legacy_session(&base).await;
+    let paced = call(2, "emit", json!({"count": 2000, "rate_per_sec": 100}), None);
+    assert_eq!(post(&url, &paced).await.0, 202);
+    let mut got = vec![];
+    while got.len() < 20 {
+        let ev = sse.next().await.expect("events flow");
+        got.push((ev.id.clone().unwrap(), ev.data.to_vec()));
+    }
+    m.fail_ext4();
+    // The proxy must notice on its next write (within a few events at 100/s) and exit 74.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = proxy.proc.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the proxy did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(status.code(), Some(74), "exit status {status}");
+    // What the stream delivered before it closed.
+    while let Ok(Some(ev)) = sse.next_within(Duration::from_secs(5)).await {
+        got.push((ev.id.clone().unwrap(), ev.data.to_vec()));
+    }
+    assert_contiguous(&got, 2);
+
+    m.umount();
+    m.mount();
+    let proxy = ProxyProc::start(&up.sse_url(), &data, &[]).await;
+    let base = proxy.base();
+    let last = got.last().unwrap().0.clone();
+    let (mut again, err) = Sse::get(&format!("{base}/sse"), &[("last-event-id", &last)]).await;
+    assert!(err.is_none(), "resume after the restart: {err:?}");
+    let rest = drain(&mut again).await;
+    assert_contiguous(&rest, seq_of(&last) + 1);
+    let answer = js(&rest.last().expect("the answer").1);
+    assert_eq!(answer["id"], 2, "{answer}");
+    assert_eq!(answer["error"]["code"], -32091);
+    let (mut replay, err) = Sse::get(&format!("{base}/sse"), &[("last-event-id", &first)]).await;
+    assert!(err.is_none());
+    let history = drain(&mut replay).await;
+    let given: Vec<_> = got.iter().chain(&rest).cloned().collect();
+    assert_eq!(history, given, "the log serves what the client was given");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bound, on disk
+
+/// `log.max_total_bytes` bounds what the data dir takes on disk, measured with `du` while sessions
+/// flood it with large events (64 KiB–1 MiB) and come and go: at most 1.5 × the bound plus
+/// 4 MiB (two segments and one writer turn; README "Durability and storage").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_total_bound_holds_on_disk() {
+    const MAX: u64 = 16 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let proxy = ProxyProc::start(
+        &up.sse_url(),
+        &data,
+        &[(
+            "[log]",
+            &format!(
+                "max_total_bytes = {MAX}\nmax_bytes_per_session = {}",
+                MAX / 2
+            ),
+        )],
+    )
+    .await;
+    let base = proxy.base();
+    let metrics = proxy.metrics_url();
+    let mut peak = 0u64;
+    for round in 0..12u64 {
+        let mut sessions = Vec::new();
+        for k in 0..3u64 {
+            let (sse, url, _) = legacy_session(&base).await;
+            let size = [64 << 10, 256 << 10, 1 << 20][((round + k) % 3) as usize];
+            let flood = call(
+                2,
+                "emit",
+                json!({"count": (6 << 20) / size, "rate_per_sec": 0, "size": size}),
+                None,
+            );
+            assert_eq!(post(&url, &flood).await.0, 202);
+            sessions.push((sse, url));
+        }
+        // Read each stream to its flood's answer; a reader that fell behind a trim (the three
+        // floods are more than the bound) has its stream closed instead, which is fine here.
+        for (sse, _) in &mut sessions {
+            while let Ok(Some(ev)) = sse.next_within(Duration::from_secs(30)).await {
+                peak = peak.max(du(&data));
+                if ev.event.as_deref() == Some("message") && ev.json()["id"] == 2 {
+                    break;
+                }
+            }
+        }
+        // The sessions end; their logs are the first to go when space is needed.
+        for (_, url) in &sessions {
+            post(url, &call(3, "misbehave", json!({"kind": "close"}), None)).await;
+        }
+        peak = peak.max(du(&data));
+        assert!(
+            metric(&metrics, "mcp_resume_log_bytes").await <= MAX as f64,
+            "live records over the bound"
+        );
+    }
+    let bound = MAX + MAX / 2 + (4 << 20);
+    println!(
+        "du peak {peak} B for log.max_total_bytes = {MAX} B ({:.2}x)",
+        peak as f64 / MAX as f64
+    );
+    assert!(peak <= bound, "du peaked at {peak} B, over {bound} B");
+    assert!(peak >= MAX / 2, "the test filled the log: {peak} B");
+}
