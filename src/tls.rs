@@ -248,6 +248,16 @@ impl ServerTls {
     }
 }
 
+/// A TLS client config that trusts nothing (for a plain-HTTP upstream: no `https://` origin is
+/// allowed, so it is never used to verify anything).
+pub fn no_roots_client() -> ClientConfig {
+    ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default versions")
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth()
+}
+
 /// The TLS client config for `https://` upstreams: the roots in `ca_file` alone, or the system's.
 ///
 /// # Errors
