@@ -113,6 +113,9 @@ pub struct Stats {
     pub fsync_aborts: u64,
     /// Of those, of a relaxed-mode proxy.
     pub relaxed_aborts: u64,
+    /// Aborts of a data dir created moments before (first abort of an image that was not synced
+    /// after the proxy's first start).
+    pub fresh_aborts: u64,
     /// (crash mode, restart mode) pairs.
     pub transitions: BTreeMap<(Mode, Mode), u64>,
     /// Image generations.

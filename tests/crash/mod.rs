@@ -278,6 +278,16 @@ impl Run {
             return;
         };
         let mut rng = Rng::fork(self.seed, 100 + g as u64);
+        // Half the images abort a data dir created moments before (what a new engine must
+        // survive too: new files and their directory entries synced); the other half start from
+        // a settled one, as after a while in service. Later cycles always start settled (the
+        // check syncs the filesystem).
+        let settled = rng.chance(0.5);
+        if settled {
+            image
+                .sync()
+                .unwrap_or_else(|e| panic!("crash harness: syncfs failed: {e}"));
+        }
         for a in 0..modes.len() - 1 {
             let mode = modes[a];
             self.cycle += 1;
@@ -313,13 +323,15 @@ impl Run {
                     ),
                 );
             }
-            // The power cut: nothing more reaches the disk; then the process dies.
+            // The power cut: nothing more reaches the disk; then the process dies. Clients are
+            // told first: the proxy answers the first failed write within microseconds, before
+            // this thread could set the flag after the ioctl.
+            ctx.aborted.store(true, Ordering::SeqCst);
             if self.profile.fault == Fault::Power {
                 image
                     .abort()
                     .unwrap_or_else(|e| panic!("crash harness: abort failed: {e}"));
             }
-            ctx.aborted.store(true, Ordering::SeqCst);
             let self_exit = proxy.kill9();
             if self.profile.fault == Fault::Kill {
                 image
@@ -345,6 +357,7 @@ impl Run {
                     Mode::Relaxed => st.relaxed_aborts += 1,
                 }
                 *st.transitions.entry((mode, modes[a + 1])).or_default() += 1;
+                st.fresh_aborts += (a == 0 && !settled) as u64;
                 if let Some(s) = self_exit {
                     *st.self_exits.entry(format!("{s}")).or_default() += 1;
                 }
@@ -355,8 +368,9 @@ impl Run {
                 };
             }
             eprintln!(
-                "crash-abort: gen={g} abort={} {} instance {} after {took} ms, clients received {} events, recovery in {} mode",
+                "crash-abort: gen={g} abort={} ({}) {} instance {} after {took} ms, clients received {} events, recovery in {} mode",
                 a + 1,
+                if a == 0 && !settled { "fresh data dir" } else { "settled data dir" },
                 mode.as_str(),
                 self.inst,
                 self.stats().events_received - received_before,
@@ -541,8 +555,9 @@ fn finish(profile: &Profile, seed: u64, st: &Stats, took: Duration, dir: PathBuf
         .join(",");
     let p = st.probes;
     let detail = format!(
-        "crash-detail: elapsed={:.0}s transitions={{{transitions}}} requests={} events_read_after_abort={} lost_relaxed_events={} relaxed_unanswered={} resumes_served={} refusals={{{}}} complete_histories={} aborted_32091={} orphaned={} self_exits={{{}}} checks={} inspects={} abort_after_ms={}..{} probe={{runs:{},synced_survived:{},frozen:{},write_after_abort_failed:{},unsynced_file_survived:{},unsynced_append_survived:{}}}",
+        "crash-detail: elapsed={:.0}s transitions={{{transitions}}} fresh_data_dir_aborts={} requests={} events_read_after_abort={} lost_relaxed_events={} relaxed_unanswered={} resumes_served={} refusals={{{}}} complete_histories={} aborted_32091={} orphaned={} self_exits={{{}}} checks={} inspects={} abort_after_ms={}..{} probe={{runs:{},synced_survived:{},frozen:{},write_after_abort_failed:{},unsynced_file_survived:{},unsynced_append_survived:{}}}",
         took.as_secs_f64(),
+        st.fresh_aborts,
         st.requests,
         st.events_read_after_abort,
         st.lost_relaxed_events,
