@@ -66,6 +66,10 @@ KUBE_STATE_METRICS = {
     "kube_deployment_status_replicas_ready",
     "kube_statefulset_replicas",
     "kube_statefulset_status_replicas_ready",
+    # McpResumeStoreErrors: a proxy that exits 74 (storage failed) usually dies before a scrape
+    # sees its mcp_resume_store_errors_total move; its restart is seen here.
+    "kube_pod_container_status_restarts_total",
+    "kube_pod_container_status_last_terminated_exitcode",
 }
 
 # The proxy's config: section -> keys, exactly (design.md §7 plus the additions).
