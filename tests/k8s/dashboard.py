@@ -35,6 +35,8 @@ REQUIRED_TOPICS = {
     "events delivered": "mcp_resume_events_delivered_total",
     "append latency": "mcp_resume_log_append_seconds",
     "log bytes": "mcp_resume_log_bytes",
+    "log bytes on disk": "mcp_resume_log_disk_bytes",
+    "store errors": "mcp_resume_store_errors_total",
     "upstream errors": "mcp_resume_upstream_errors_total",
 }
 
