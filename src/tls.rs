@@ -278,13 +278,12 @@ pub fn upstream_client(ca_file: Option<&Path>) -> Result<ClientConfig, TlsError>
             store
         }
     };
-    let mut cfg = ClientConfig::builder_with_provider(provider())
+    // No ALPN here: the connector (hyper-rustls) sets it to what the client speaks.
+    Ok(ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| bad("upstream.ca_file", e.to_string()))?
         .with_root_certificates(store)
-        .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
+        .with_no_client_auth())
 }
 
 /// The SHA-256 of a client's leaf certificate, from an established server connection.

@@ -122,6 +122,16 @@ impl Proc {
         Proc { child: Some(child) }
     }
 
+    /// SIGSTOP: the process stops where it is; nothing it has not sent yet reaches a client.
+    pub fn freeze(&self) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .arg("-STOP")
+                .arg(c.id().to_string())
+                .status();
+        }
+    }
+
     /// SIGKILL and reap. Returns the exit status when the process had already exited on its own
     /// (the new storage engine may exit 74 after a store failure; that is tolerated).
     pub fn kill9(&mut self) -> Option<ExitStatus> {
