@@ -94,6 +94,12 @@ pub struct UpstreamConfig {
     /// Seconds a forwarded request may stay unanswered; after it the proxy answers it with a logged
     /// JSON-RPC error (-32093) and drops a late upstream response to it. 0 (the default): no limit.
     pub request_timeout_secs: u64,
+    /// PEM CA certificates trusted for an `https://` upstream, instead of the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// Origins (`scheme://host[:port]`) the upstream's `endpoint` event may name besides the
+    /// origin of `sse_url`; any other makes the session fail (client bodies are never posted to
+    /// an origin nobody configured).
+    pub allowed_endpoint_origins: Vec<String>,
 }
 
 /// `[legacy]`: paths of the legacy face.
@@ -191,6 +197,8 @@ impl Default for UpstreamConfig {
             connect_timeout_secs: 10,
             max_event_bytes: 4 * 1024 * 1024,
             request_timeout_secs: 0,
+            ca_file: None,
+            allowed_endpoint_origins: Vec::new(),
         }
     }
 }
@@ -255,9 +263,11 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
 }
 
-/// An `http://host:port/path` URL split into the parts the upstream link needs.
+/// An `http://` or `https://` URL split into the parts the upstream link needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpUrl {
+    /// `true` for `https://`.
+    pub tls: bool,
     /// `host:port` authority as written (also the `Host` header sent upstream).
     pub authority: String,
     /// Path and query, starting with `/`.
@@ -265,17 +275,22 @@ pub struct HttpUrl {
 }
 
 impl HttpUrl {
-    /// Parses an absolute `http://` URL. Only plain HTTP: a sidecar talks to its server over loopback.
+    /// Parses an absolute `http://` or `https://` URL.
     ///
     /// # Errors
-    /// A reason string when the URL is not an absolute `http://` URL with a host.
+    /// A reason string when the URL is not an absolute HTTP(S) URL with a host.
     pub fn parse(url: &str) -> Result<Self, String> {
         let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
-        match uri.scheme_str() {
-            Some("http") => {}
-            Some(other) => return Err(format!("scheme `{other}` is not supported (use http://)")),
-            None => return Err("must be an absolute http:// URL".into()),
-        }
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            Some(other) => {
+                return Err(format!(
+                    "scheme `{other}` is not supported (use http:// or https://)"
+                ))
+            }
+            None => return Err("must be an absolute http:// or https:// URL".into()),
+        };
         let authority = uri.authority().ok_or("missing host")?.as_str().to_string();
         if authority.contains('@') {
             return Err("userinfo is not supported".into());
@@ -285,15 +300,64 @@ impl HttpUrl {
             .map(|p| p.as_str().to_string())
             .unwrap_or_else(|| "/".into());
         Ok(Self {
+            tls,
             authority,
             path_and_query,
         })
     }
 
+    /// `http` or `https`.
+    pub fn scheme(&self) -> &'static str {
+        if self.tls {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     /// The URL as text.
     pub fn to_url(&self) -> String {
-        format!("http://{}{}", self.authority, self.path_and_query)
+        format!(
+            "{}://{}{}",
+            self.scheme(),
+            self.authority,
+            self.path_and_query
+        )
     }
+
+    /// Its origin, normalised: `scheme://host:port` in lowercase, with the default port spelled out.
+    pub fn origin(&self) -> String {
+        origin_of(self.tls, &self.authority)
+    }
+}
+
+/// `scheme://host:port` in lowercase with the default port spelled out (RFC 6454 serialisation,
+/// but always with the port, so that equal origins compare equal as strings).
+pub fn origin_of(tls: bool, authority: &str) -> String {
+    let a = authority.to_ascii_lowercase();
+    let has_port = match a.rfind(':') {
+        Some(i) => !a[i..].contains(']') && a[i + 1..].bytes().all(|b| b.is_ascii_digit()),
+        None => false,
+    };
+    let scheme = if tls { "https" } else { "http" };
+    if has_port {
+        format!("{scheme}://{a}")
+    } else {
+        format!("{scheme}://{a}:{}", if tls { 443 } else { 80 })
+    }
+}
+
+/// An origin as written in the config (`https://host[:port]`), normalised like [`origin_of`].
+///
+/// # Errors
+/// A reason when it is not `scheme://host[:port]`.
+pub fn parse_origin(o: &str) -> Result<String, String> {
+    let bad = || format!("`{o}` is not an origin like https://host:port");
+    let u = HttpUrl::parse(o).map_err(|_| bad())?;
+    if u.path_and_query != "/" || o.ends_with('/') {
+        return Err(bad());
+    }
+    Ok(u.origin())
 }
 
 impl Config {
@@ -383,7 +447,20 @@ impl Config {
                 format!("must be at most {MAX_TIMEOUT_SECS}"),
             ));
         }
-        HttpUrl::parse(&self.upstream.sse_url).map_err(|r| bad("upstream.sse_url", r))?;
+        let up = HttpUrl::parse(&self.upstream.sse_url).map_err(|r| bad("upstream.sse_url", r))?;
+        for o in &self.upstream.allowed_endpoint_origins {
+            parse_origin(o).map_err(|r| bad("upstream.allowed_endpoint_origins", r))?;
+        }
+        let https = up.tls
+            || self
+                .upstream
+                .allowed_endpoint_origins
+                .iter()
+                .any(|o| o.starts_with("https://"));
+        if https || self.upstream.ca_file.is_some() {
+            crate::tls::upstream_client(self.upstream.ca_file.as_deref())
+                .map_err(|e| bad(e.key, e.reason))?;
+        }
         positive(
             "upstream.post_timeout_secs",
             self.upstream.post_timeout_secs,
@@ -510,7 +587,7 @@ mod tests {
             ("[log]\ndurability = \"sometimes\"\n", "sometimes"),
             ("[listen]\naddr = \"localhost\"\n", "listen.addr"),
             (
-                "[upstream]\nsse_url = \"https://x/sse\"\n",
+                "[upstream]\nsse_url = \"ftp://x/sse\"\n",
                 "upstream.sse_url",
             ),
             ("[upstream]\nsse_url = \"/sse\"\n", "upstream.sse_url"),
@@ -532,6 +609,14 @@ mod tests {
             (
                 "[upstream]\nrequest_timeout_secs = 999999999\n",
                 "upstream.request_timeout_secs",
+            ),
+            (
+                "[upstream]\nallowed_endpoint_origins = [\"http://x/p\"]\n",
+                "upstream.allowed_endpoint_origins",
+            ),
+            (
+                "[upstream]\nsse_url = \"https://x/sse\"\nca_file = \"/nonexistent.pem\"\n",
+                "upstream.ca_file",
             ),
         ];
         for (text, key) in cases {

@@ -22,7 +22,7 @@ pub enum Error {
     BadRequest(String),
     /// The upstream could not be reached or answered badly.
     #[error("upstream: {0}")]
-    Upstream(String),
+    Upstream(#[from] crate::upstream::UpstreamError),
     /// The upstream did not answer in time.
     #[error("upstream timeout: {0}")]
     UpstreamTimeout(String),
@@ -54,6 +54,18 @@ impl Error {
             Error::Store(_) | Error::Capacity(_) => 503,
         }
     }
+}
+
+/// An error and its causes, `: `-separated (for log lines; client answers carry only the top).
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
 }
 
 /// A failure of the log's storage. Cloneable, so one failed write can answer every append it

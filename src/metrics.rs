@@ -11,7 +11,7 @@ pub use crate::domain::{EndReason, Facade};
 use crate::log::cursor::Refusal;
 
 /// Kinds of upstream error (label of `mcp_resume_upstream_errors_total`).
-pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
+pub const UPSTREAM_ERROR_KINDS: [&str; 10] = [
     "connect",
     "status",
     "stream_error",
@@ -20,6 +20,7 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 9] = [
     "post_timeout",
     "oversized_event",
     "bad_event",
+    "endpoint_rejected",
     "request_timeout",
 ];
 

@@ -585,9 +585,10 @@ impl std::fmt::Debug for Registry {
 impl Registry {
     /// A registry over `log`.
     pub fn new(cfg: Arc<Config>, log: Arc<Log>, metrics: Metrics) -> Arc<Self> {
+        let upstream = UpstreamSettings::from_config(&cfg);
         Arc::new(Self {
-            upstream: UpstreamSettings::from_config(&cfg),
-            client: upstream::client(),
+            client: upstream::client(&upstream),
+            upstream,
             cfg,
             log,
             metrics,
@@ -638,8 +639,12 @@ impl Registry {
         let (link, reader) = match upstream::connect(&self.upstream, &self.client).await {
             Ok(x) => x,
             Err(e) => {
-                self.metrics.upstream_error("connect");
-                tracing::warn!(error = %e, "cannot open upstream session");
+                let kind = match &e {
+                    Error::Upstream(u) => u.connect_kind(),
+                    _ => "connect",
+                };
+                self.metrics.upstream_error(kind);
+                tracing::warn!(error = %crate::error::chain(&e), kind, "cannot open upstream session");
                 return Err(e);
             }
         };

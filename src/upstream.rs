@@ -1,38 +1,208 @@
 //! [4] Proxy → upstream: the link to the unmodified legacy HTTP+SSE server.
 //!
 //! One upstream `GET {sse_url}` per proxy session, owned by the proxy and independent of any client
-//! connection (client disconnects never reach the upstream). [`connect`] opens it, reads the
-//! `endpoint` event and resolves it against the SSE URL; [`UpstreamReader`] then yields the
+//! connection (client disconnects never reach the upstream). [`connect`] opens it (over TLS for
+//! `https://`), reads the `endpoint` event, resolves it against the SSE URL and refuses it unless
+//! it names the SSE URL's origin or one in `upstream.allowed_endpoint_origins`; [`UpstreamReader`] then yields the
 //! upstream's events; [`UpstreamLink::post`] forwards client messages with the upstream's own
 //! `Host`, no `Origin`, and a timeout (some servers never answer a POST for a dead session).
 //! There is no read timeout on the stream: legacy TypeScript servers send no keepalive, so an idle
 //! stream is normal; TCP keepalive and POST failures detect a dead peer.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
+use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
 
-use crate::config::{Config, HttpUrl};
+use crate::config::{origin_of, Config, HttpUrl};
 use crate::error::{Error, Result};
 use crate::sse;
 
-/// The shared HTTP client for upstream requests (pooled for POSTs).
-pub type HttpClient = Client<HttpConnector, Full<Bytes>>;
+/// Why the upstream link failed. The messages say what happened, never what the upstream said:
+/// an upstream's bodies are not reflected to clients (they are logged at debug level).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// The connection or the request failed.
+    #[error("cannot reach the upstream")]
+    Connect(#[source] hyper_util::client::legacy::Error),
+    /// The upstream answered with an unexpected status.
+    #[error("the upstream answered {0}")]
+    Status(StatusCode),
+    /// The upstream's SSE stream broke.
+    #[error("the upstream's stream failed")]
+    Stream(#[source] hyper::Error),
+    /// The stream ended before the `endpoint` event.
+    #[error("the upstream's stream ended before its `endpoint` event")]
+    NoEndpoint,
+    /// The `endpoint` event is not a usable URL.
+    #[error("the upstream's `endpoint` event is not a usable URL ({0})")]
+    BadEndpoint(String),
+    /// The `endpoint` event names an origin nobody allowed.
+    #[error("the upstream's `endpoint` event names origin {origin}, which is neither upstream.sse_url's nor in upstream.allowed_endpoint_origins")]
+    EndpointRejected {
+        /// The origin it named.
+        origin: String,
+    },
+    /// A request could not be built.
+    #[error("cannot build the upstream request")]
+    Request(#[source] http::Error),
+}
 
-/// Builds the upstream client: TCP keepalive so a silently dead upstream is noticed, no Nagle.
-pub fn client() -> HttpClient {
+impl UpstreamError {
+    /// The `kind` label of `mcp_resume_upstream_errors_total` for a failed connect.
+    pub fn connect_kind(&self) -> &'static str {
+        match self {
+            UpstreamError::EndpointRejected { .. } => "endpoint_rejected",
+            UpstreamError::Status(_) => "status",
+            _ => "connect",
+        }
+    }
+}
+
+/// The shared HTTP client for upstream requests (pooled for POSTs).
+pub type HttpClient = Client<Connector, Full<Bytes>>;
+
+/// How the upstream is reached: over the network (TCP; TLS for `https://`), or — in unit tests —
+/// through an in-memory pipe to an upstream served in the same process.
+#[derive(Clone)]
+pub enum Connector {
+    /// TCP, with TLS for `https://` URLs.
+    Net(HttpsConnector<HttpConnector>),
+    /// A new in-memory pipe per connection (tests: paused time, no sockets).
+    #[doc(hidden)]
+    Memory(MemoryConnect),
+}
+
+/// Opens an in-memory connection to the upstream for a URI.
+#[doc(hidden)]
+pub type MemoryConnect =
+    Arc<dyn Fn(&Uri) -> std::io::Result<tokio::io::DuplexStream> + Send + Sync>;
+
+/// One upstream connection. (The TLS variant is large, but there is one per connection and
+/// boxing it would cost an indirection on every read.)
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum Io {
+    /// TCP or TLS over TCP.
+    Net(MaybeHttpsStream<TokioIo<TcpStream>>),
+    /// An in-memory pipe.
+    Mem(TokioIo<tokio::io::DuplexStream>),
+}
+
+impl hyper::rt::Read for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Net(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Mem(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl hyper::rt::Write for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Net(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Mem(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Net(s) => Pin::new(s).poll_flush(cx),
+            Io::Mem(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Net(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Mem(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+impl Connection for Io {
+    fn connected(&self) -> Connected {
+        match self {
+            Io::Net(s) => s.connected(),
+            Io::Mem(_) => Connected::new(),
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = Io;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = std::result::Result<Io, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), BoxError>> {
+        match self {
+            Connector::Net(c) => c.poll_ready(cx),
+            Connector::Memory(_) => Poll::Ready(Ok(())),
+        }
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        match self {
+            Connector::Net(c) => {
+                let f = c.call(uri);
+                Box::pin(async move { f.await.map(Io::Net) })
+            }
+            Connector::Memory(open) => {
+                let io = open(&uri);
+                Box::pin(async move { Ok(Io::Mem(TokioIo::new(io?))) })
+            }
+        }
+    }
+}
+
+fn build(conn: Connector) -> HttpClient {
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(conn)
+}
+
+/// Builds the upstream client: TCP keepalive so a silently dead upstream is noticed, no Nagle,
+/// TLS with the roots of `set` for `https://`.
+pub fn client(set: &UpstreamSettings) -> HttpClient {
     let mut conn = HttpConnector::new();
     conn.set_keepalive(Some(Duration::from_secs(30)));
     conn.set_nodelay(true);
     conn.set_connect_timeout(Some(Duration::from_secs(5)));
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(conn)
+    conn.enforce_http(false);
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config((*set.tls).clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(conn);
+    build(Connector::Net(https))
+}
+
+/// A client whose every connection is `open`ed in memory (unit tests).
+#[doc(hidden)]
+pub fn memory_client(open: MemoryConnect) -> HttpClient {
+    build(Connector::Memory(open))
 }
 
 /// Settings of the upstream link, taken from the config once.
@@ -46,6 +216,10 @@ pub struct UpstreamSettings {
     pub connect_timeout: Duration,
     /// Largest event accepted.
     pub max_event_bytes: usize,
+    /// Origins the `endpoint` event may name besides the SSE URL's (normalised).
+    pub allowed_endpoint_origins: Vec<String>,
+    /// TLS client config for `https://`.
+    pub tls: Arc<rustls::ClientConfig>,
 }
 
 impl UpstreamSettings {
@@ -56,7 +230,22 @@ impl UpstreamSettings {
             post_timeout: Duration::from_secs(cfg.upstream.post_timeout_secs),
             connect_timeout: Duration::from_secs(cfg.upstream.connect_timeout_secs),
             max_event_bytes: cfg.upstream.max_event_bytes,
+            allowed_endpoint_origins: cfg
+                .upstream
+                .allowed_endpoint_origins
+                .iter()
+                .filter_map(|o| crate::config::parse_origin(o).ok())
+                .collect(),
+            tls: Arc::new(
+                crate::tls::upstream_client(cfg.upstream.ca_file.as_deref())
+                    .unwrap_or_else(|_| crate::tls::no_roots_client()),
+            ),
         }
+    }
+
+    /// May the `endpoint` event name this origin?
+    fn endpoint_allowed(&self, origin: &str) -> bool {
+        origin == self.sse_url.origin() || self.allowed_endpoint_origins.iter().any(|o| o == origin)
     }
 }
 
@@ -121,7 +310,7 @@ impl UpstreamReader {
             }
             match self.body.frame().await {
                 None => return Ok(None),
-                Some(Err(e)) => return Err(Error::Upstream(format!("stream error: {e}"))),
+                Some(Err(e)) => return Err(UpstreamError::Stream(e).into()),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         self.buf.extend_from_slice(&data);
@@ -148,17 +337,10 @@ pub async fn connect(
             .header(header::ACCEPT, "text/event-stream")
             .header(header::CACHE_CONTROL, "no-cache")
             .body(Full::new(Bytes::new()))
-            .map_err(|e| Error::Upstream(e.to_string()))?;
-        let resp = client
-            .request(req)
-            .await
-            .map_err(|e| Error::Upstream(format!("connect {}: {e}", set.sse_url.to_url())))?;
+            .map_err(UpstreamError::Request)?;
+        let resp = client.request(req).await.map_err(UpstreamError::Connect)?;
         if resp.status() != StatusCode::OK {
-            return Err(Error::Upstream(format!(
-                "GET {} answered {}",
-                set.sse_url.to_url(),
-                resp.status()
-            )));
+            return Err(UpstreamError::Status(resp.status()).into());
         }
         let mut reader = UpstreamReader {
             body: resp.into_body(),
@@ -167,11 +349,19 @@ pub async fn connect(
         };
         loop {
             match reader.next().await? {
-                None => return Err(Error::Upstream("stream ended before `endpoint`".into())),
+                None => return Err(UpstreamError::NoEndpoint.into()),
                 Some(UpstreamItem::Event(ev)) if ev.event.as_deref() == Some("endpoint") => {
                     let data = String::from_utf8_lossy(&ev.data);
-                    let uri = resolve(&set.sse_url, data.trim())
-                        .map_err(|e| Error::Upstream(format!("bad endpoint {data:?}: {e}")))?;
+                    let uri =
+                        resolve(&set.sse_url, data.trim()).map_err(UpstreamError::BadEndpoint)?;
+                    let origin = origin_of(
+                        uri.scheme_str() == Some("https"),
+                        uri.authority().map_or("", |a| a.as_str()),
+                    );
+                    if !set.endpoint_allowed(&origin) {
+                        // Client bodies (with their secrets) go only where the operator said.
+                        return Err(UpstreamError::EndpointRejected { origin }.into());
+                    }
                     let link = UpstreamLink {
                         post_uri: uri,
                         client: client.clone(),
@@ -196,14 +386,18 @@ pub async fn connect(
 /// # Errors
 /// A reason when the reference is not usable (another scheme, unparsable).
 pub fn resolve(base: &HttpUrl, reference: &str) -> std::result::Result<Uri, String> {
-    let (scheme_less, authority) = if let Some(rest) = reference.strip_prefix("http://") {
-        let (auth, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let split = |rest: &str| {
+        let (auth, path) = rest.split_at(rest.find(['/', '?', '#']).unwrap_or(rest.len()));
         (path.to_string(), auth.to_string())
+    };
+    let (scheme, (scheme_less, authority)) = if let Some(rest) = reference.strip_prefix("http://") {
+        ("http", split(rest))
+    } else if let Some(rest) = reference.strip_prefix("https://") {
+        ("https", split(rest))
     } else if reference.contains("://") {
-        return Err("only http:// endpoints are supported".into());
+        return Err("only http:// and https:// endpoints are supported".into());
     } else if let Some(rest) = reference.strip_prefix("//") {
-        let (auth, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-        (path.to_string(), auth.to_string())
+        (base.scheme(), split(rest))
     } else {
         let base_path = base
             .path_and_query
@@ -219,14 +413,17 @@ pub fn resolve(base: &HttpUrl, reference: &str) -> std::result::Result<Uri, Stri
             let dir = &base_path[..base_path.rfind('/').map(|i| i + 1).unwrap_or(0)];
             format!("{dir}{reference}")
         };
-        (merged, base.authority.clone())
+        (base.scheme(), (merged, base.authority.clone()))
     };
+    if authority.is_empty() || authority.contains('@') {
+        return Err("no usable host".into());
+    }
     let path = remove_dot_segments(if scheme_less.is_empty() {
         "/"
     } else {
         &scheme_less
     });
-    format!("http://{authority}{path}")
+    format!("{scheme}://{authority}{path}")
         .parse::<Uri>()
         .map_err(|e| e.to_string())
 }
@@ -284,15 +481,16 @@ impl UpstreamLink {
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "application/json, text/event-stream")
             .body(Full::new(body))
-            .map_err(|e| Error::Upstream(e.to_string()))?;
+            .map_err(UpstreamError::Request)?;
         let fut = async {
             let resp = self
                 .client
                 .request(req)
                 .await
-                .map_err(|e| Error::Upstream(format!("POST failed: {e}")))?;
+                .map_err(UpstreamError::Connect)?;
             let status = resp.status();
-            // Read (a bounded amount of) the body so the connection can be reused.
+            // Read (a bounded amount of) the body so the connection can be reused; it is only
+            // ever logged, never sent to the client.
             let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024)
                 .collect()
                 .await
@@ -303,10 +501,8 @@ impl UpstreamLink {
             } else if status == StatusCode::NOT_FOUND {
                 Err(Error::UpstreamLost)
             } else {
-                Err(Error::Upstream(format!(
-                    "POST answered {status}: {}",
-                    String::from_utf8_lossy(&body[..body.len().min(200)])
-                )))
+                tracing::debug!(%status, body = %String::from_utf8_lossy(&body[..body.len().min(256)]), "upstream refused a POST");
+                Err(UpstreamError::Status(status).into())
             }
         };
         tokio::time::timeout(self.timeout, fut)
@@ -343,6 +539,17 @@ mod tests {
             "http://127.0.0.1:9000/p?q=1"
         );
         assert_eq!(r("//127.0.0.1:9001/p"), "http://127.0.0.1:9001/p");
-        assert!(resolve(&b, "https://x/p").is_err());
+        assert_eq!(r("https://x/p"), "https://x/p");
+        assert!(resolve(&b, "ftp://x/p").is_err());
+        assert!(resolve(&b, "http://u@x/p").is_err());
+        let tls = HttpUrl::parse("https://up.example/sse").unwrap();
+        assert_eq!(
+            resolve(&tls, "/m?s=1").unwrap().to_string(),
+            "https://up.example/m?s=1"
+        );
+        assert_eq!(
+            resolve(&tls, "//other:8443/m").unwrap().to_string(),
+            "https://other:8443/m"
+        );
     }
 }

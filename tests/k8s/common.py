@@ -1,8 +1,10 @@
 """Shared facts and helpers of the Kubernetes kit checks (run by scripts/check-k8s).
 
-The metric names, types and labels below are design.md §7's fixed contract, plus
-`mcp_resume_log_max_bytes` (the configured `log.max_total_bytes`, exported so alerts can use a
-ratio). When ../shared/design.md is present, `design_metrics()` reads the table and the checks
+The metric names, types and labels below are design.md §7's fixed contract, plus the proxy's own
+additions: `mcp_resume_log_max_bytes` (the configured `log.max_total_bytes`, exported so alerts can
+use a ratio), `mcp_resume_log_disk_bytes` (the log's segment files on disk) and
+`mcp_resume_store_errors_total` (design.md §10: failed writes, syncs or file operations of the
+log). When ../shared/design.md is present, `design_metrics()` reads the table and the checks
 compare it with this copy, so the two cannot drift apart unnoticed.
 """
 
@@ -35,12 +37,17 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mcp_resume_upstream_errors_total": ("counter", ("kind",)),
     "mcp_resume_client_streams_active": ("gauge", ("facade",)),
 }
-# Not in design.md §7's table: the configured bound of mcp_resume_log_bytes.
-EXTRA_METRICS = {"mcp_resume_log_max_bytes": ("gauge", ())}
+# Not in design.md §7's table: the configured bound of mcp_resume_log_bytes, the log's bytes on
+# disk (live records, dead ones not yet compacted, headers), and the storage failures of §10.
+EXTRA_METRICS = {
+    "mcp_resume_log_max_bytes": ("gauge", ()),
+    "mcp_resume_log_disk_bytes": ("gauge", ()),
+    "mcp_resume_store_errors_total": ("counter", ()),
+}
 ALL_METRICS = {**METRICS, **EXTRA_METRICS}
 
-# Known label values (design.md §4 and §7); every one should be exported from the start at 0,
-# so rate() and the alerts see a series before the first event.
+# Known label values (design.md §4, §7, and §10 for `store_error`); every one should be exported
+# from the start at 0, so rate() and the alerts see a series before the first event.
 REFUSAL_REASONS = (
     "malformed_cursor",
     "foreign_session",
@@ -49,7 +56,7 @@ REFUSAL_REASONS = (
     "cursor_ahead",
     "unknown_epoch",
 )
-ENDED_REASONS = ("client_delete", "idle_timeout", "upstream_lost", "shutdown", "evicted")
+ENDED_REASONS = ("client_delete", "idle_timeout", "upstream_lost", "shutdown", "evicted", "store_error")
 FACADES = ("legacy", "streamable")
 
 # Metrics that queries may name besides the proxy's own.
@@ -59,6 +66,10 @@ KUBE_STATE_METRICS = {
     "kube_deployment_status_replicas_ready",
     "kube_statefulset_replicas",
     "kube_statefulset_status_replicas_ready",
+    # McpResumeStoreErrors: a proxy that exits 74 (storage failed) usually dies before a scrape
+    # sees its mcp_resume_store_errors_total move; its restart is seen here.
+    "kube_pod_container_status_restarts_total",
+    "kube_pod_container_status_last_terminated_exitcode",
 }
 
 # The proxy's config: section -> keys, exactly (design.md §7 plus the issue's additions).

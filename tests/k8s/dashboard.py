@@ -3,8 +3,8 @@
     python dashboard.py DASHBOARD.json RULES_OUT.yaml
 
 Checks the dashboard's structure (a `datasource` variable every panel uses, `$__rate_interval` in
-every rate), that every query names only metrics the proxy exports (design.md §7 plus
-mcp_resume_log_max_bytes, and `up`), and that every exported metric is on some panel. It writes
+every rate), that every query names only metrics the proxy exports (design.md §7 plus the
+additions in common.py, and `up`), and that every exported metric is on some panel. It writes
 each panel query, with Grafana's variables replaced, as a recording rule into RULES_OUT.yaml so
 that `promtool check rules` proves each one parses.
 """
@@ -35,6 +35,8 @@ REQUIRED_TOPICS = {
     "events delivered": "mcp_resume_events_delivered_total",
     "append latency": "mcp_resume_log_append_seconds",
     "log bytes": "mcp_resume_log_bytes",
+    "log bytes on disk": "mcp_resume_log_disk_bytes",
+    "store errors": "mcp_resume_store_errors_total",
     "upstream errors": "mcp_resume_upstream_errors_total",
 }
 

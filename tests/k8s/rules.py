@@ -19,6 +19,7 @@ EXPECTED_ALERTS = {
     "McpResumeUpstreamLost": "mcp_resume_sessions_ended_total",
     "McpResumeInflightAborted": "mcp_resume_inflight_aborted_total",
     "McpResumeLogNearBound": "mcp_resume_log_max_bytes",
+    "McpResumeStoreErrors": "mcp_resume_store_errors_total",
     "McpResumeNoReadyReplicas": "up",
 }
 

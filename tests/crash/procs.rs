@@ -1,0 +1,260 @@
+//! The processes: the demo upstream (`demo-upstream`, one for the whole run) and the proxy binary
+//! (`run --config FILE`) with its data dir on the filesystem under test; and `inspect`, which
+//! reads the data dir while no proxy holds it.
+
+use std::fs::OpenOptions;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::wire;
+
+/// The proxy's durability mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Mode {
+    /// `durability = "fsync"`.
+    Fsync,
+    /// `durability = "relaxed"`.
+    Relaxed,
+}
+
+impl Mode {
+    /// The config value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Fsync => "fsync",
+            Mode::Relaxed => "relaxed",
+        }
+    }
+}
+
+/// Ports and paths of the run.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// The proxy binary.
+    pub bin: PathBuf,
+    /// Proxy client port.
+    pub port: u16,
+    /// Proxy admin port.
+    pub admin: u16,
+    /// Upstream port.
+    pub upstream: u16,
+    /// The work dir (configs, process logs).
+    pub work: PathBuf,
+}
+
+impl Setup {
+    /// The proxy's client address.
+    pub fn addr(&self) -> SocketAddr {
+        ([127, 0, 0, 1], self.port).into()
+    }
+
+    /// stderr of every proxy instance, appended.
+    pub fn proxy_log(&self) -> PathBuf {
+        self.work.join("proxy.stderr.log")
+    }
+}
+
+/// A child process, SIGKILLed on drop.
+pub struct Proc {
+    child: Option<Child>,
+}
+
+fn stderr_to(path: &Path) -> Stdio {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null())
+}
+
+impl Proc {
+    /// Starts the demo upstream.
+    pub fn upstream(s: &Setup) -> Proc {
+        let child = Command::new(&s.bin)
+            .args([
+                "demo-upstream",
+                "--at",
+                &format!("127.0.0.1:{}", s.upstream),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr_to(&s.work.join("upstream.stderr.log")))
+            .env("MCP_RESUME_PROXY_LOG", "warn")
+            .spawn()
+            .expect("start the demo upstream");
+        Proc { child: Some(child) }
+    }
+
+    /// Writes the config for `mode` with the log in `data` and starts the proxy. Retention and
+    /// the janitor are out of the way (nothing is trimmed, expired or evicted during a run), so
+    /// every event ever logged must still be there.
+    pub fn proxy(s: &Setup, data: &Path, mode: Mode) -> Proc {
+        let cfg = s.work.join(format!("proxy-{}.toml", mode.as_str()));
+        let text = format!(
+            "[listen]\naddr = \"127.0.0.1:{}\"\n\
+             [admin]\naddr = \"127.0.0.1:{}\"\n\
+             [upstream]\nsse_url = \"http://127.0.0.1:{}/sse\"\npost_timeout_secs = 10\nconnect_timeout_secs = 5\n\
+             [log]\ndir = \"{}\"\ndurability = \"{}\"\nmax_events_per_session = 100000000\n\
+             max_bytes_per_session = 1073741824\nmax_total_bytes = 17179869184\n\
+             [sessions]\nidle_ttl_secs = 86400\nretain_ended_secs = 864000\nkeepalive_secs = 1\n\
+             [shutdown]\ngrace_secs = 5\n",
+            s.port,
+            s.admin,
+            s.upstream,
+            data.display(),
+            mode.as_str(),
+        );
+        std::fs::write(&cfg, text).expect("write the proxy config");
+        let child = Command::new(&s.bin)
+            .args(["run", "--config"])
+            .arg(&cfg)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr_to(&s.proxy_log()))
+            .env("MCP_RESUME_PROXY_LOG", "warn")
+            .spawn()
+            .expect("start the proxy");
+        Proc { child: Some(child) }
+    }
+
+    /// SIGSTOP: the process stops where it is; nothing it has not sent yet reaches a client.
+    pub fn freeze(&self) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .arg("-STOP")
+                .arg(c.id().to_string())
+                .status();
+        }
+    }
+
+    /// SIGKILL and reap. Returns the exit status when the process had already exited on its own
+    /// (the new storage engine may exit 74 after a store failure; that is tolerated).
+    pub fn kill9(&mut self) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        let before = c.try_wait().ok().flatten();
+        let _ = c.kill();
+        let _ = c.wait();
+        before
+    }
+
+    /// SIGTERM, then wait up to `bound` for the exit (SIGKILL after that). `None` when it had to
+    /// be killed.
+    pub async fn sigterm(&mut self, bound: Duration) -> Option<ExitStatus> {
+        let mut c = self.child.take()?;
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(c.id().to_string())
+            .status();
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                let _ = c.kill();
+                let _ = c.wait();
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Has it exited on its own?
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Waits until something accepts on `port` (bounded).
+pub async fn wait_port(port: u16, bound: Duration) -> bool {
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// Waits until the proxy's `/readyz` answers 200, or the proxy exits (bounded).
+pub async fn wait_ready(admin: u16, proxy: &mut Proc, bound: Duration) -> bool {
+    let addr: SocketAddr = ([127, 0, 0, 1], admin).into();
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if wire::get_status(addr, "/readyz").await == 200 {
+            return true;
+        }
+        if proxy.exited().is_some() {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// The last `n` lines of a log file.
+pub fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// `inspect --data-dir DIR [SESSION]`: its stdout, or an error with its stderr.
+pub fn inspect(bin: &Path, data: &Path, session: Option<&str>) -> Result<Vec<u8>, String> {
+    let mut cmd = Command::new(bin);
+    cmd.arg("inspect").arg("--data-dir").arg(data);
+    if let Some(s) = session {
+        cmd.arg(s);
+    }
+    let out = cmd
+        .stdin(Stdio::null())
+        .env("MCP_RESUME_PROXY_LOG", "warn")
+        .output()
+        .map_err(|e| format!("inspect could not run: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "inspect {} {}: {} ({})",
+            data.display(),
+            session.unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            out.status
+        ));
+    }
+    Ok(out.stdout)
+}
+
+/// A loopback port below 32768 that is free now (the proxy binds it itself).
+pub fn port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        21000 + (std::process::id() % 300) as u16 * 30,
+        Ordering::SeqCst,
+        Ordering::SeqCst,
+    );
+    loop {
+        let p = NEXT.fetch_add(1, Ordering::SeqCst);
+        let p = 21000 + (p - 21000) % 11000;
+        if std::net::TcpListener::bind(("127.0.0.1", p)).is_ok() {
+            return p;
+        }
+    }
+}
