@@ -264,9 +264,12 @@ async fn a_session_being_opened_is_not_evicted() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
+    let everything_origin = format!("http://127.0.0.1:{}", everything.port);
     let p = start_in_process(&stub_url, dir.path(), |c| {
         c.sessions.max_sessions = 1;
         c.upstream.post_timeout_secs = 3;
+        // The stub's endpoint names server-everything's origin, not the stub's own.
+        c.upstream.allowed_endpoint_origins = vec![everything_origin];
     })
     .await;
     let admin = format!("http://{}/metrics", p.admin_addr);
