@@ -626,7 +626,13 @@ async fn post_never_answered_by_upstream_is_504() {
         }
     });
     let dir = tempfile::tempdir().unwrap();
-    let p = start_in_process(&stub_url, dir.path(), |c| c.upstream.post_timeout_secs = 1).await;
+    let everything_origin = format!("http://127.0.0.1:{}", everything.port);
+    let p = start_in_process(&stub_url, dir.path(), |c| {
+        c.upstream.post_timeout_secs = 1;
+        // The stub's endpoint names another origin: allowed here, as an operator would.
+        c.upstream.allowed_endpoint_origins = vec![everything_origin];
+    })
+    .await;
     let base = format!("http://{}", p.addr);
     let admin = format!("http://{}/metrics", p.admin_addr);
     let (mut sse, err) = Sse::get(&format!("{base}/sse"), &[]).await;
