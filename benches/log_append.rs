@@ -69,7 +69,7 @@ fn fixture(rt: &Runtime, durability: Durability) -> Fixture {
         let mut sessions = Vec::with_capacity(max);
         for _ in 0..max {
             let sl = log
-                .create(SessionId::random(), Facade::Legacy, None)
+                .create(SessionId::random(), Facade::Legacy, None, None)
                 .await
                 .expect("create session");
             sessions.push(sl);

@@ -63,7 +63,7 @@ fn fixture() -> Fixture {
     let (log, sl) = rt.block_on(async {
         let (log, _, _) = Log::open(&cfg, Metrics::new()).await.expect("open log");
         let sl = log
-            .create(SessionId::random(), Facade::Legacy, None)
+            .create(SessionId::random(), Facade::Legacy, None, None)
             .await
             .expect("create");
         let p = payload();

@@ -56,6 +56,10 @@ pub struct Config {
     pub sessions: SessionsConfig,
     /// Graceful shutdown.
     pub shutdown: ShutdownConfig,
+    /// Who a caller is (identity binding of sessions).
+    pub auth: crate::identity::AuthConfig,
+    /// TLS on the client listener.
+    pub tls: crate::tls::TlsConfig,
 }
 
 /// `[listen]`: where clients connect.

@@ -15,7 +15,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::facade::{legacy, plain, Ctx, ProxyBody, Resp};
+use crate::facade::{legacy, plain, Ctx, PeerAddr, ProxyBody, Resp};
 
 /// Routes one client request to its face.
 pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
@@ -53,7 +53,7 @@ where
             p = slots.clone().acquire_owned() => p.expect("semaphore never closed"),
             _ = stopped(&mut stop) => break,
         };
-        let (tcp, _) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => { backoff = Duration::from_millis(10); c }
                 Err(e) => {
@@ -68,7 +68,8 @@ where
         };
         let _ = tcp.set_nodelay(true);
         let h = handler.clone();
-        let svc = service_fn(move |req| {
+        let svc = service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(PeerAddr(peer));
             let h = h.clone();
             async move { Ok::<_, Infallible>(h(req).await) }
         });

@@ -64,6 +64,9 @@ pub struct Metrics {
     pub inflight_aborted: IntCounter,
     upstream_errors: IntCounterVec,
     client_streams: IntGaugeVec,
+    /// `mcp_resume_auth_rejected_total{facade}`: requests refused because they named a session of
+    /// another identity or another face (answered like an unknown session).
+    auth_rejected: IntCounterVec,
     /// `mcp_resume_dropped_total{reason}`: client input or upstream output that could not be delivered.
     dropped: IntCounterVec,
 }
@@ -177,6 +180,14 @@ impl Metrics {
                 &["facade"],
             )
             .unwrap(),
+            auth_rejected: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_auth_rejected_total",
+                    "Requests that named a session bound to another identity or opened on the other face; answered like an unknown session, by face.",
+                ),
+                &["facade"],
+            )
+            .unwrap(),
             dropped: IntCounterVec::new(
                 Opts::new(
                     "mcp_resume_dropped_total",
@@ -205,6 +216,7 @@ impl Metrics {
         r.register(Box::new(m.upstream_errors.clone())).unwrap();
         r.register(Box::new(m.client_streams.clone())).unwrap();
         r.register(Box::new(m.dropped.clone())).unwrap();
+        r.register(Box::new(m.auth_rejected.clone())).unwrap();
         // Materialise every label set so dashboards see zeros rather than gaps.
         for reason in Refusal::ALL {
             m.refusals.with_label_values(&[reason.as_str()]);
@@ -213,6 +225,7 @@ impl Metrics {
             m.resumes.with_label_values(&[f.as_str()]);
             m.sessions_started.with_label_values(&[f.as_str()]);
             m.client_streams.with_label_values(&[f.as_str()]);
+            m.auth_rejected.with_label_values(&[f.as_str()]);
         }
         for reason in EndReason::ALL {
             m.sessions_ended.with_label_values(&[reason.as_str()]);
@@ -253,6 +266,13 @@ impl Metrics {
     /// Counts one upstream error of `kind` (one of [`UPSTREAM_ERROR_KINDS`]).
     pub fn upstream_error(&self, kind: &'static str) {
         self.upstream_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Counts one request refused for naming a session it may not use.
+    pub fn auth_rejected(&self, facade: Facade) {
+        self.auth_rejected
+            .with_label_values(&[facade.as_str()])
+            .inc();
     }
 
     /// Counts one undeliverable message (`reason`: one of [`DROPPED_REASONS`]).
@@ -307,6 +327,7 @@ mod tests {
             "mcp_resume_client_streams_active",
             "mcp_resume_store_errors_total",
             "mcp_resume_log_disk_bytes",
+            "mcp_resume_auth_rejected_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }

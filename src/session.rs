@@ -630,6 +630,7 @@ impl Registry {
         self: &Arc<Self>,
         facade: Facade,
         protocol_version: Option<String>,
+        identity: Option<crate::identity::Identity>,
     ) -> Result<(Arc<Session>, Attachment)> {
         if *self.log.health().borrow() != Health::Ok {
             // The log cannot take this session's events: say so now rather than lose them.
@@ -651,7 +652,7 @@ impl Registry {
         let id = SessionId::random();
         let log = self
             .log
-            .create(id, facade, protocol_version.clone())
+            .create(id, facade, protocol_version.clone(), identity)
             .await?;
         let session = Arc::new(Session {
             id,

@@ -12,8 +12,8 @@ use http::{header, Method, Request};
 use hyper::body::Incoming;
 
 use super::{
-    error_response, json_error, plain, query_param, read_client_body, refusal, sse_response, Ctx,
-    Resp,
+    error_response, json_error, plain, query_param, read_client_body, refusal, sse_response,
+    Caller, Ctx, Resp,
 };
 use crate::domain::Facade;
 use crate::echo;
@@ -31,9 +31,13 @@ pub async fn sse(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
             .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
         return r;
     }
+    let caller = match ctx.caller(&req) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     match req.headers().get("last-event-id") {
-        None => open(ctx).await,
-        Some(v) => resume(ctx, v.to_str().unwrap_or("\u{fffd}")).await,
+        None => open(ctx, &caller).await,
+        Some(v) => resume(ctx, &caller, v.to_str().unwrap_or("\u{fffd}")).await,
     }
 }
 
@@ -48,9 +52,9 @@ fn endpoint_frame(ctx: &Ctx, id: &SessionId) -> Bytes {
     ))
 }
 
-async fn open(ctx: &Arc<Ctx>) -> Resp {
+async fn open(ctx: &Arc<Ctx>, caller: &Caller) -> Resp {
     // `_hold` keeps the session from counting as idle until the stream below is attached.
-    let (session, _hold) = match ctx.reg.open(Facade::Legacy, None).await {
+    let (session, _hold) = match ctx.reg.open(Facade::Legacy, None, caller.identity).await {
         Ok(s) => s,
         Err(e) => return error_response(&e, None),
     };
@@ -66,13 +70,16 @@ async fn open(ctx: &Arc<Ctx>) -> Resp {
     sse_response(stream::spawn(spec, ctx.env.clone()), None)
 }
 
-async fn resume(ctx: &Arc<Ctx>, last_event_id: &str) -> Resp {
+async fn resume(ctx: &Arc<Ctx>, caller: &Caller, last_event_id: &str) -> Resp {
     let m = &ctx.reg.metrics;
     let Some(cursor) = Cursor::parse(last_event_id) else {
         return refusal(m, Refusal::MalformedCursor, last_event_id, None, None);
     };
     let log = &ctx.reg.log;
-    let Some(sl) = log.get(&cursor.session) else {
+    let sl = log
+        .get(&cursor.session)
+        .filter(|sl| ctx.admits(caller, sl.identity.as_ref(), sl.facade, Facade::Legacy));
+    let Some(sl) = sl else {
         return refusal(
             m,
             Refusal::UnknownSession,
@@ -141,8 +148,16 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     let Some(id) = SessionId::parse(raw) else {
         return error_response(&Error::BadRequest("invalid session_id".into()), None);
     };
+    let caller = match ctx.caller(&req) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     // Before the body is read: an unknown session costs no more than its request head.
-    let Some(session) = ctx.reg.live(&id) else {
+    let session = ctx
+        .reg
+        .live(&id)
+        .filter(|s| ctx.admits(&caller, s.log.identity.as_ref(), s.facade, Facade::Legacy));
+    let Some(session) = session else {
         return error_response(&Error::UnknownSession, None);
     };
     let body = match read_client_body(ctx, req.into_body()).await {

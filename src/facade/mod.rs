@@ -13,8 +13,10 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 
 use crate::config::Config;
+use crate::domain::Facade;
 use crate::echo;
 use crate::error::Error;
+use crate::identity::Identity;
 use crate::jsonrpc;
 use crate::log::cursor::{Cursor, Refusal, SessionId};
 use crate::log::{Log, SessionLog};
@@ -30,6 +32,77 @@ pub struct Ctx {
     pub reg: Arc<Registry>,
     /// Client stream environment.
     pub env: StreamEnv,
+}
+
+/// The client's address, attached to every request by the listener.
+#[derive(Clone, Copy, Debug)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
+/// The SHA-256 of the client's TLS certificate (mutual TLS), attached by the listener.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientCert(pub [u8; 32]);
+
+/// Who sent a request.
+#[derive(Clone, Copy, Debug)]
+pub struct Caller {
+    /// Its keyed identity (`None`: anonymous).
+    pub identity: Option<Identity>,
+    /// Its address.
+    pub peer: Option<std::net::IpAddr>,
+}
+
+impl Ctx {
+    /// The caller of a request: the keyed identity of its identity headers and client
+    /// certificate. `Err` is the 401 answer when `auth.require_identity` is set and it has none.
+    pub fn caller<B>(&self, req: &http::Request<B>) -> Result<Caller, Box<Resp>> {
+        let cert = req.extensions().get::<ClientCert>().map(|c| &c.0);
+        let identity = self
+            .reg
+            .log
+            .keys()
+            .identity(&self.cfg.auth, req.headers(), cert);
+        if identity.is_none() && self.cfg.auth.require_identity {
+            return Err(Box::new(json_error(
+                401,
+                None,
+                -32001,
+                "Unauthorized: this proxy requires an identity (auth.identity_headers or a client certificate)",
+                serde_json::json!({"reason": "identity_required"}),
+            )));
+        }
+        Ok(Caller {
+            identity,
+            peer: req.extensions().get::<PeerAddr>().map(|p| p.0.ip()),
+        })
+    }
+
+    /// May `caller`, on face `face`, use a session opened on `opened` and bound to `bound`? A
+    /// session belongs to the identity that opened it (a bearer session, opened without one, to
+    /// whoever names it) and to its face. A refusal is counted; the caller is then answered
+    /// exactly as for an unknown session, so that it learns nothing about the session.
+    pub fn admits(
+        &self,
+        caller: &Caller,
+        bound: Option<&Identity>,
+        opened: Facade,
+        face: Facade,
+    ) -> bool {
+        let same_identity = match bound {
+            None => true,
+            Some(b) => caller.identity.as_ref().is_some_and(|c| c.matches(b)),
+        };
+        let ok = same_identity && opened == face;
+        if !ok {
+            self.reg.metrics.auth_rejected(face);
+            tracing::debug!(
+                face = face.as_str(),
+                opened = opened.as_str(),
+                identity_matches = same_identity,
+                "request for a session of another identity or face: answered as unknown"
+            );
+        }
+        ok
+    }
 }
 
 /// Largest client message body accepted, in bytes.

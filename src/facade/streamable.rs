@@ -27,7 +27,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    error_response, json_error, plain, read_client_body, refusal, sse_response, Ctx, Resp,
+    error_response, json_error, plain, read_client_body, refusal, sse_response, Caller, Ctx, Resp,
 };
 use crate::domain::{EndReason, Facade};
 use crate::echo;
@@ -72,11 +72,15 @@ pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
             );
         }
     }
+    let caller = match ctx.caller(&req) {
+        Ok(c) => c,
+        Err(r) => return *r,
+    };
     let method = req.method().clone();
     match method {
-        Method::POST => post(ctx, req).await,
-        Method::GET => get(ctx, req).await,
-        Method::DELETE => delete(ctx, req.headers()).await,
+        Method::POST => post(ctx, &caller, req).await,
+        Method::GET => get(ctx, &caller, req).await,
+        Method::DELETE => delete(ctx, &caller, req.headers()).await,
         _ => {
             let mut r = plain(405, "text/plain", "Method Not Allowed");
             r.headers_mut()
@@ -190,13 +194,20 @@ fn bad_request(id: Option<&str>, code: i64, message: &str, reason: &str) -> Resp
 }
 
 /// The live Streamable HTTP session named by the header, or the 400/404 answer.
-fn live_session(ctx: &Ctx, h: &HeaderMap) -> Result<Arc<Session>, Early> {
+fn live_session(ctx: &Ctx, caller: &Caller, h: &HeaderMap) -> Result<Arc<Session>, Early> {
     let Some(raw) = header(h, SESSION_HEADER) else {
         return Err(Box::new(missing_session()));
     };
     SessionId::parse(raw.trim())
         .and_then(|id| ctx.reg.live(&id))
-        .filter(|s| s.facade == Facade::Streamable)
+        .filter(|s| {
+            ctx.admits(
+                caller,
+                s.log.identity.as_ref(),
+                s.facade,
+                Facade::Streamable,
+            )
+        })
         .ok_or_else(|| Box::new(error_response(&Error::UnknownSession, None)))
 }
 
@@ -255,7 +266,7 @@ fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
     Ok((msgs, batch))
 }
 
-async fn post(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     let h = req.headers();
     if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
         return json_error(
@@ -282,7 +293,7 @@ async fn post(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     let has_session = h.contains_key(SESSION_HEADER);
     // Before the body is read: an unknown session costs no more than its request head.
     let session = if has_session {
-        match live_session(ctx, h) {
+        match live_session(ctx, caller, h) {
             Ok(s) => Some(s),
             Err(r) => return *r,
         }
@@ -318,7 +329,7 @@ async fn post(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
             );
         }
         let msg = msgs.into_iter().next().expect("one message");
-        return initialize(ctx, msg, version).await;
+        return initialize(ctx, caller, msg, version).await;
     }
     let Some(session) = session else {
         return missing_session();
@@ -350,7 +361,12 @@ async fn post(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
 
 /// `initialize` without a session: open one (and its upstream link), answer on a POST stream
 /// that carries `Mcp-Session-Id`.
-async fn initialize(ctx: &Arc<Ctx>, msg: Msg, header_version: Option<String>) -> Resp {
+async fn initialize(
+    ctx: &Arc<Ctx>,
+    caller: &Caller,
+    msg: Msg,
+    header_version: Option<String>,
+) -> Resp {
     let requested = serde_json::from_slice::<Value>(&msg.bytes)
         .ok()
         .and_then(|v| v["params"]["protocolVersion"].as_str().map(str::to_string));
@@ -366,7 +382,7 @@ async fn initialize(ctx: &Arc<Ctx>, msg: Msg, header_version: Option<String>) ->
     // forwarded, until its POST stream is attached.
     let (session, _hold) = match ctx
         .reg
-        .open(Facade::Streamable, Some(requested.clone()))
+        .open(Facade::Streamable, Some(requested.clone()), caller.identity)
         .await
     {
         Ok(s) => s,
@@ -453,7 +469,7 @@ async fn answer(
 // ---------------------------------------------------------------------------------------------
 // GET
 
-async fn get(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+async fn get(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     let h = req.headers();
     if !accepts(h, "text/event-stream") {
         return json_error(
@@ -472,14 +488,14 @@ async fn get(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         return missing_session();
     };
     match header(h, "last-event-id") {
-        Some(lei) => resume(ctx, sid.trim(), lei, version.as_deref()).await,
-        None => standalone(ctx, h),
+        Some(lei) => resume(ctx, caller, sid.trim(), lei, version.as_deref()).await,
+        None => standalone(ctx, caller, h),
     }
 }
 
 /// A plain `GET`: the standalone stream, continuing after what earlier connections delivered.
-fn standalone(ctx: &Arc<Ctx>, h: &HeaderMap) -> Resp {
-    let session = match live_session(ctx, h) {
+fn standalone(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
+    let session = match live_session(ctx, caller, h) {
         Ok(s) => s,
         Err(r) => return *r,
     };
@@ -561,6 +577,7 @@ async fn owed(
 /// `GET` + `Last-Event-ID`: the §4 contract, for POST and standalone streams alike.
 async fn resume(
     ctx: &Arc<Ctx>,
+    caller: &Caller,
     sid: &str,
     last_event_id: &str,
     header_version: Option<&str>,
@@ -581,7 +598,7 @@ async fn resume(
     }
     let sl = log
         .get(&cursor.session)
-        .filter(|sl| sl.meta().facade == Facade::Streamable);
+        .filter(|sl| ctx.admits(caller, sl.identity.as_ref(), sl.facade, Facade::Streamable));
     let Some(sl) = sl else {
         return refusal(
             m,
@@ -673,11 +690,11 @@ async fn resume(
 // ---------------------------------------------------------------------------------------------
 // DELETE
 
-async fn delete(ctx: &Arc<Ctx>, h: &HeaderMap) -> Resp {
+async fn delete(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
     if let Err(r) = version_header(h) {
         return *r;
     }
-    let session = match live_session(ctx, h) {
+    let session = match live_session(ctx, caller, h) {
         Ok(s) => s,
         Err(r) => return *r,
     };

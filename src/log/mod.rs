@@ -40,6 +40,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::config::{Durability, LogConfig};
 use crate::domain::{EndReason, Facade};
 use crate::error::{Error, Result, StoreError};
+use crate::identity::{Identity, Keyring, Tag};
 use crate::metrics::Metrics;
 use cursor::{EpochRange, LogRanges, SessionId};
 use image::Image;
@@ -159,6 +160,10 @@ pub struct SessionMeta {
     /// Negotiated protocol version (Streamable face), if known.
     #[serde(default)]
     pub protocol_version: Option<String>,
+    /// The keyed identity of the caller that opened it; `None` for a bearer session (opened
+    /// without identity: whoever knows its id may use it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<Identity>,
 }
 
 /// Seconds since the Unix epoch (persisted timestamps).
@@ -288,18 +293,26 @@ impl LogState {
 pub struct SessionLog {
     /// The session.
     pub id: SessionId,
+    /// The keyed tag that stands for the id in log lines above debug level.
+    pub tag: Tag,
+    /// The identity it is bound to (`None`: a bearer session).
+    pub identity: Option<Identity>,
+    /// The face that opened it.
+    pub facade: Facade,
     state: Mutex<LogState>,
     head_tx: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for SessionLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SessionLog").field("id", &self.id).finish()
+        f.debug_struct("SessionLog")
+            .field("tag", &self.tag)
+            .finish()
     }
 }
 
 impl SessionLog {
-    fn new(id: SessionId, ranges: LogRanges, meta: SessionMeta) -> Self {
+    fn new(id: SessionId, tag: Tag, ranges: LogRanges, meta: SessionMeta) -> Self {
         let (head_tx, _) = watch::channel(ranges.head);
         let phase = if meta.ended.is_some() {
             Phase::Ended
@@ -308,6 +321,9 @@ impl SessionLog {
         };
         Self {
             id,
+            tag,
+            identity: meta.identity,
+            facade: meta.facade,
             state: Mutex::new(LogState {
                 assigned: ranges.head,
                 ranges,
@@ -660,6 +676,8 @@ pub(crate) struct Store {
     disk: AtomicU64,
     health: watch::Sender<Health>,
     failures: mpsc::UnboundedSender<SessionId>,
+    /// The data directory's secret: identities and log tags.
+    keys: Keyring,
     /// Unit tests: writes still to fail, and how.
     #[cfg(test)]
     fail_writes: Mutex<VecDeque<std::io::ErrorKind>>,
@@ -765,6 +783,7 @@ impl Log {
             return Err(StoreError::OldFormat(dir.display().to_string()).into());
         }
         let lock = take_lock(&dir).await?;
+        let keys = Keyring::load_or_create(&dir)?;
         let img = Image::scan(&dir)?;
         for d in &img.damage {
             tracing::error!(dir = %dir.display(), damage = %d, "log damage found during recovery");
@@ -785,6 +804,7 @@ impl Log {
             disk: AtomicU64::new(0),
             health,
             failures: failures_tx,
+            keys,
             #[cfg(test)]
             fail_writes: Mutex::new(VecDeque::new()),
             _lock: lock,
@@ -819,6 +839,11 @@ impl Log {
         }
     }
 
+    /// The data directory's secret, which keys identities and log tags.
+    pub fn keys(&self) -> &Keyring {
+        &self.store.keys
+    }
+
     /// Whether the log takes writes; changes are pushed.
     pub fn health(&self) -> watch::Receiver<Health> {
         self.store.health.subscribe()
@@ -841,6 +866,7 @@ impl Log {
         id: SessionId,
         facade: Facade,
         protocol_version: Option<String>,
+        identity: Option<Identity>,
     ) -> Result<Arc<SessionLog>> {
         let meta = SessionMeta {
             facade,
@@ -853,13 +879,19 @@ impl Log {
                 last: None,
             }],
             protocol_version,
+            identity,
         };
         let ranges = LogRanges {
             epochs: meta.epochs.clone(),
             oldest: 1,
             head: 0,
         };
-        let sl = Arc::new(SessionLog::new(id, ranges, meta));
+        let sl = Arc::new(SessionLog::new(
+            id,
+            self.store.keys.tag(&id.0),
+            ranges,
+            meta,
+        ));
         let (done, rx) = oneshot::channel();
         self.send(Op::Create {
             log: sl.clone(),

@@ -61,7 +61,7 @@ async fn appends_get_consecutive_seqs_and_read_back_in_order() {
     let (log, rec, live) = open(&cfg(dir.path(), Durability::Fsync)).await;
     assert_eq!((rec.sessions, live.len()), (0, 0));
     let sl = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     for i in 1..=500 {
@@ -99,7 +99,7 @@ async fn retention_trims_oldest_by_count_and_bytes_never_the_head() {
     c.max_events_per_session = 100;
     let (log, _, _) = open(&c).await;
     let sl = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     for i in 1..=250 {
@@ -139,7 +139,7 @@ async fn chunked_turns_trim_exactly_and_read_back_from_every_cursor() {
     c.max_events_per_session = 300;
     let (log, _, _) = open(&c).await;
     let id = SessionId::random();
-    let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+    let sl = log.create(id, Facade::Legacy, None, None).await.unwrap();
     // One op, so one turn, stored as chunks of up to 256 events. Trimming to 90% of 300 keeps
     // 731..=1000, which starts inside the third chunk (513..=768).
     let evs: Vec<NewEvent> = (1..=1000).map(msg).collect();
@@ -183,7 +183,7 @@ async fn clean_restart_keeps_the_epoch_and_hands_back_live_sessions_with_what_th
     let c = cfg(dir.path(), Durability::Relaxed);
     let (log, _, _) = open(&c).await;
     let id = SessionId::random();
-    let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+    let sl = log.create(id, Facade::Legacy, None, None).await.unwrap();
     log.append(&sl, msg(1)).await.unwrap();
     log.inflight_add(&sl, "7", StreamTag::LEGACY).await.unwrap();
     log.inflight_add(&sl, "\"done\"", StreamTag::LEGACY)
@@ -250,7 +250,7 @@ async fn unclean_stop_seals_the_epoch_unless_the_run_synced_every_turn() {
         let dir = tempfile::tempdir().unwrap();
         let (log, _, _) = open(&cfg(dir.path(), first)).await;
         let id = SessionId::random();
-        let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+        let sl = log.create(id, Facade::Legacy, None, None).await.unwrap();
         for i in 1..=20 {
             log.append(&sl, msg(i)).await.unwrap();
         }
@@ -298,7 +298,7 @@ async fn the_open_record_of_the_crashed_run_decides() {
     let dir = tempfile::tempdir().unwrap();
     let (log, _, _) = open(&cfg(dir.path(), Durability::Relaxed)).await;
     let id = SessionId::random();
-    let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+    let sl = log.create(id, Facade::Legacy, None, None).await.unwrap();
     for i in 1..=5 {
         log.append(&sl, msg(i)).await.unwrap();
     }
@@ -323,13 +323,13 @@ async fn remove_deletes_a_session_and_its_bytes_for_good() {
     let c = cfg(dir.path(), Durability::Fsync);
     let (log, _, _) = open(&c).await;
     let keep = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     log.append(&keep, msg(1)).await.unwrap();
     let base = log.total_bytes();
     let sl = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     for i in 1..=10 {
@@ -356,7 +356,7 @@ async fn a_torn_tail_is_cut_and_the_rest_survives() {
     let c = cfg(dir.path(), Durability::Fsync);
     let (log, _, _) = open(&c).await;
     let id = SessionId::random();
-    let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+    let sl = log.create(id, Facade::Legacy, None, None).await.unwrap();
     for i in 1..=30 {
         log.append(&sl, msg(i)).await.unwrap();
     }
@@ -396,7 +396,7 @@ async fn an_end_marker_without_its_meta_still_ends_the_session() {
     let c = cfg(dir.path(), Durability::Fsync);
     let (log, _, _) = open(&c).await;
     let id = SessionId::random();
-    let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+    let sl = log.create(id, Facade::Legacy, None, None).await.unwrap();
     log.append(&sl, msg(1)).await.unwrap();
     let newest = *log.segment_ids().last().unwrap();
     let path = dir.path().join(segment::file_name(newest));
@@ -432,9 +432,9 @@ async fn out_of_space_rejects_the_turn_reports_the_session_and_recovers() {
     let mut failures = log.take_failures().unwrap();
     let mut health = log.health();
     let id = SessionId::random();
-    let sl = log.create(id, Facade::Legacy, None).await.unwrap();
+    let sl = log.create(id, Facade::Legacy, None, None).await.unwrap();
     let other = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     for i in 1..=10 {
@@ -515,7 +515,7 @@ async fn an_io_error_fails_the_log_for_good() {
         let (log, _, _) = open(&c).await;
         let health = log.health();
         let sl = log
-            .create(SessionId::random(), Facade::Legacy, None)
+            .create(SessionId::random(), Facade::Legacy, None, None)
             .await
             .unwrap();
         log.append(&sl, msg(1)).await.unwrap();
@@ -523,7 +523,7 @@ async fn an_io_error_fails_the_log_for_good() {
         assert!(log.append(&sl, msg(2)).await.is_err());
         assert_eq!(*health.borrow(), Health::Failed);
         let e = log
-            .create(SessionId::random(), Facade::Legacy, None)
+            .create(SessionId::random(), Facade::Legacy, None, None)
             .await
             .unwrap_err();
         assert!(matches!(e, Error::Store(StoreError::Unavailable)), "{e:?}");
@@ -545,13 +545,13 @@ async fn compaction_keeps_the_files_near_the_live_records() {
     c.max_events_per_session = 200;
     let (log, _, _) = open(&c).await;
     let keep = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     let mut written = 0u64;
     for round in 0..150u64 {
         let sl = log
-            .create(SessionId::random(), Facade::Legacy, None)
+            .create(SessionId::random(), Facade::Legacy, None, None)
             .await
             .unwrap();
         let evs: Vec<NewEvent> = (1..=1500).map(|i| msg(round * 10_000 + i)).collect();
@@ -628,7 +628,7 @@ async fn the_total_bound_evicts_ended_sessions_then_trims_live_ones() {
         )
     };
     let ended = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     for _ in 0..40 {
@@ -638,7 +638,7 @@ async fn the_total_bound_evicts_ended_sessions_then_trims_live_ones() {
         .await
         .unwrap();
     let live = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     for _ in 0..150 {
@@ -668,7 +668,7 @@ async fn reads_racing_trims_are_contiguous_or_report_the_trim() {
     c.max_total_bytes = 4 << 20;
     let (log, _, _) = open(&c).await;
     let sl = log
-        .create(SessionId::random(), Facade::Legacy, None)
+        .create(SessionId::random(), Facade::Legacy, None, None)
         .await
         .unwrap();
     const TOTAL: u64 = 60_000;

@@ -239,7 +239,7 @@ pub(crate) fn recover(
             oldest,
             head,
         };
-        let sl = Arc::new(SessionLog::new(id, ranges, meta));
+        let sl = Arc::new(SessionLog::new(id, store.keys.tag(&id.0), ranges, meta));
         let mut w = WSess {
             meta: Some(meta_loc),
             trim: s.trim.map(|(_, l)| l),
