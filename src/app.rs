@@ -149,16 +149,16 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     registry.end_interrupted(interrupted).await;
     tokio::spawn(registry.clone().watch_store_failures());
     let drain = Drain::new();
-    let ctx = Arc::new(Ctx {
-        cfg: cfg.clone(),
-        reg: registry.clone(),
-        env: StreamEnv {
+    let ctx = Arc::new(Ctx::new(
+        cfg.clone(),
+        registry.clone(),
+        StreamEnv {
             log: log.clone(),
             metrics: metrics.clone(),
             keepalive: cfg.keepalive(),
             drain: drain.watch(),
         },
-    });
+    ));
     let client = tokio::spawn(listen::serve(
         listener,
         cfg.listen.max_connections,

@@ -19,6 +19,9 @@ use crate::facade::{legacy, plain, Ctx, PeerAddr, ProxyBody, Resp};
 
 /// Routes one client request to its face.
 pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    if let Err(r) = ctx.gate(&req) {
+        return *r;
+    }
     let path = req.uri().path();
     let cfg = &ctx.cfg;
     if path == cfg.legacy.sse_path {

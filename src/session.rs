@@ -250,7 +250,7 @@ impl Session {
             Ok(()) => Ok(()),
             Err(Error::UpstreamLost) => {
                 reg.metrics.upstream_error("status");
-                tracing::warn!(session = %self.id, "upstream answered 404 to a POST: session lost");
+                tracing::warn!(session = %self.log.tag, "upstream answered 404 to a POST: session lost");
                 reg.end(self, EndReason::UpstreamLost).await;
                 Err(Error::UpstreamLost)
             }
@@ -260,7 +260,7 @@ impl Session {
                 } else {
                     "post_failed"
                 });
-                tracing::warn!(session = %self.id, error = %e, "forwarding a client message failed");
+                tracing::warn!(session = %self.log.tag, error = %e, "forwarding a client message failed");
                 // On a timeout the upstream may still answer, so the request stays in flight;
                 // any other failure means the upstream did not take it.
                 if let (Some(id), false) = (&request_id, e.is_timeout()) {
@@ -341,7 +341,7 @@ impl Session {
                 if self.timed_out(&id) {
                     // Its request was answered with -32093 already: one answer per request.
                     metrics.dropped("late_response");
-                    tracing::debug!(session = %self.id, request_id = echo::clip(&id), "late upstream response to a timed-out request dropped");
+                    tracing::debug!(session = %self.log.tag, request_id = echo::clip(&id), "late upstream response to a timed-out request dropped");
                     return None;
                 }
             }
@@ -369,7 +369,7 @@ impl Session {
             .and_then(|id| self.forget(id).map(|inf| (id.clone(), inf)));
         if let Some((id, inf)) = inflight {
             metrics.dropped("bad_event");
-            tracing::warn!(session = %self.id, bytes = payload.len(), request_id = echo::clip(&id), "upstream response is not valid JSON-RPC; its request is answered with -32092");
+            tracing::warn!(session = %self.log.tag, bytes = payload.len(), request_id = echo::clip(&id), "upstream response is not valid JSON-RPC; its request is answered with -32092");
             return Some(self.error_answer(
                 id,
                 &inf,
@@ -381,10 +381,10 @@ impl Session {
         }
         if let Some(id) = id.filter(|id| self.timed_out(id)) {
             metrics.dropped("late_response");
-            tracing::warn!(session = %self.id, bytes = payload.len(), request_id = echo::clip(&id), "upstream message is not valid JSON-RPC, a late response to a timed-out request; dropped");
+            tracing::warn!(session = %self.log.tag, bytes = payload.len(), request_id = echo::clip(&id), "upstream message is not valid JSON-RPC, a late response to a timed-out request; dropped");
             return None;
         }
-        tracing::warn!(session = %self.id, bytes = payload.len(), "upstream message is not a JSON-RPC object; delivered as is on the default stream");
+        tracing::warn!(session = %self.log.tag, bytes = payload.len(), "upstream message is not a JSON-RPC object; delivered as is on the default stream");
         Some(NewEvent {
             stream: self.default_stream,
             kind: Kind::Message,
@@ -451,7 +451,7 @@ impl Session {
         };
         let secs = after.as_secs();
         metrics.upstream_error("request_timeout");
-        tracing::warn!(session = %self.id, request_id = echo::clip(&id), timeout_secs = secs, "request unanswered within upstream.request_timeout_secs; answered with -32093");
+        tracing::warn!(session = %self.log.tag, request_id = echo::clip(&id), timeout_secs = secs, "request unanswered within upstream.request_timeout_secs; answered with -32093");
         let answer = self.error_answer(
             id,
             &inf,
@@ -461,7 +461,7 @@ impl Session {
             Instant::now(),
         );
         if let Err(e) = log.append_nowait(&self.log, answer).await {
-            tracing::error!(session = %self.id, error = %e, "cannot log a request's timeout answer");
+            tracing::error!(session = %self.log.tag, error = %e, "cannot log a request's timeout answer");
         }
     }
 
@@ -473,7 +473,7 @@ impl Session {
                 Ok(Some(item)) => item,
                 Ok(None) => break "stream_eof",
                 Err(e) => {
-                    tracing::warn!(session = %self.id, error = %e, "upstream stream failed");
+                    tracing::warn!(session = %self.log.tag, error = %e, "upstream stream failed");
                     break "stream_error";
                 }
             };
@@ -500,14 +500,14 @@ impl Session {
                 continue;
             }
             if let Err(e) = reg.log.append_many_nowait(&self.log, batch).await {
-                tracing::error!(session = %self.id, error = %e, "cannot log upstream event");
+                tracing::error!(session = %self.log.tag, error = %e, "cannot log upstream event");
                 drop(_gate); // `end` takes it
                 reg.end(&self, EndReason::StoreError).await;
                 return;
             }
         };
         reg.metrics.upstream_error(why);
-        tracing::warn!(session = %self.id, cause = why, "upstream session lost");
+        tracing::warn!(session = %self.log.tag, cause = why, "upstream session lost");
         reg.end(&self, EndReason::UpstreamLost).await;
     }
 
@@ -522,7 +522,7 @@ impl Session {
             UpstreamItem::Event(ev) => {
                 if ev.event.as_deref().is_some_and(|t| t != "message") {
                     metrics.dropped("non_message_event");
-                    tracing::warn!(session = %self.id, event = ?ev.event, "upstream event of unknown type ignored");
+                    tracing::warn!(session = %self.log.tag, event = ?ev.event, "upstream event of unknown type ignored");
                     return None;
                 }
                 self.route(ev.data, received, metrics)
@@ -535,7 +535,7 @@ impl Session {
                 let inflight = id
                     .as_ref()
                     .and_then(|id| self.forget(id).map(|i| (id.clone(), i)));
-                tracing::error!(session = %self.id, bytes = len, request_id = ?id.as_deref().map(echo::clip), answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
+                tracing::error!(session = %self.log.tag, bytes = len, request_id = ?id.as_deref().map(echo::clip), answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
                 let (id, inf) = inflight?;
                 // Answer the request it belonged to, so the client's await resolves.
                 Some(self.error_answer(
@@ -690,7 +690,9 @@ impl Registry {
         session.lock().pump = Some(pump.abort_handle());
         self.metrics.sessions_active.inc();
         self.metrics.session_started(facade);
-        tracing::info!(session = %id, facade = facade.as_str(), upstream = %session.link.post_uri(), "session started");
+        // The upstream's message URL carries the upstream's own session id: debug only.
+        tracing::info!(session = %session.log.tag, facade = facade.as_str(), bound = session.log.identity.is_some(), "session started");
+        tracing::debug!(session = %id, upstream = %session.link.post_uri(), "session started");
         Ok((session, hold))
     }
 
@@ -800,7 +802,7 @@ impl Registry {
         };
         while let Some(id) = failures.recv().await {
             let Some(s) = self.live(&id) else { continue };
-            tracing::error!(session = %id, "events of this session could not be logged; ending it (store_error)");
+            tracing::error!(session = %s.log.tag, "events of this session could not be logged; ending it (store_error)");
             let reg = self.clone();
             tokio::spawn(async move { reg.end(&s, EndReason::StoreError).await });
         }
@@ -834,7 +836,7 @@ impl Registry {
                 .cloned()
                 .collect();
             for s in idle {
-                tracing::info!(session = %s.id, "no client attached for sessions.idle_ttl_secs");
+                tracing::info!(session = %s.log.tag, "no client attached for sessions.idle_ttl_secs");
                 self.end(&s, EndReason::IdleTimeout).await;
             }
             let now = crate::log::unix_now();
@@ -880,16 +882,16 @@ pub async fn end_log(
             Kind::Message
         };
         let mut ev = NewEvent::new(stream, kind, Bytes::from(body));
-        tracing::warn!(session = %sl.id, request_id = %req_id, reason = reason.as_str(), "in-flight request aborted");
+        tracing::warn!(session = %sl.tag, request_id = crate::echo::clip(&req_id), reason = reason.as_str(), "in-flight request aborted");
         ev.completes = Some(req_id);
         evs.push(ev);
     }
     metrics.inflight_aborted.inc_by(evs.len() as u64);
     metrics.session_ended(reason);
     match log.end(sl, reason, evs).await {
-        Ok(()) => tracing::info!(session = %sl.id, reason = reason.as_str(), "session ended"),
+        Ok(()) => tracing::info!(session = %sl.tag, reason = reason.as_str(), "session ended"),
         Err(e) => {
-            tracing::error!(session = %sl.id, reason = reason.as_str(), error = %e, "the end of a session is not logged yet (the log retries it)")
+            tracing::error!(session = %sl.tag, reason = reason.as_str(), error = %e, "the end of a session is not logged yet (the log retries it)")
         }
     }
 }

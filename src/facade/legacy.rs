@@ -105,7 +105,11 @@ async fn resume(ctx: &Arc<Ctx>, caller: &Caller, last_event_id: &str) -> Resp {
         return error_response(&Error::UnknownSession, None);
     }
     m.resume(Facade::Legacy);
-    tracing::info!(session = %sl.id, last_event_id = echo::clip(last_event_id), head = ranges.head, "legacy resume served");
+    tracing::info!(session = %sl.tag, after, head = ranges.head, "legacy resume served");
+    tracing::debug!(
+        last_event_id = echo::clip(last_event_id),
+        "legacy resume served"
+    );
     let attachment = ctx
         .reg
         .live(&cursor.session)
@@ -148,6 +152,17 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     let Some(id) = SessionId::parse(raw) else {
         return error_response(&Error::BadRequest("invalid session_id".into()), None);
     };
+    // A web page can POST `text/plain` cross-origin without a preflight; a JSON-RPC message
+    // must say it is JSON.
+    if !super::is_json_content(req.headers()) {
+        return json_error(
+            415,
+            None,
+            -32600,
+            "Unsupported Media Type: Content-Type must be application/json",
+            serde_json::json!({"reason": "unsupported_media_type"}),
+        );
+    }
     let caller = match ctx.caller(&req) {
         Ok(c) => c,
         Err(r) => return *r,

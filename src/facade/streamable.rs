@@ -27,7 +27,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    error_response, json_error, plain, read_client_body, refusal, sse_response, Caller, Ctx, Resp,
+    error_response, is_json_content, json_error, plain, read_client_body, refusal, sse_response,
+    Caller, Ctx, Resp,
 };
 use crate::domain::{EndReason, Facade};
 use crate::echo;
@@ -58,20 +59,6 @@ const VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// Serves one request to the MCP endpoint.
 pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
-    if let Some(origin) = req.headers().get(header::ORIGIN) {
-        if !origin_allowed(ctx, origin) {
-            let origin = String::from_utf8_lossy(origin.as_bytes());
-            let origin = echo::clip(&origin);
-            tracing::warn!(origin, "streamable request from a foreign Origin refused");
-            return json_error(
-                403,
-                None,
-                -32000,
-                "Forbidden: Origin not allowed",
-                json!({"reason": "origin_not_allowed", "origin": origin}),
-            );
-        }
-    }
     let caller = match ctx.caller(&req) {
         Ok(c) => c,
         Err(r) => return *r,
@@ -88,20 +75,6 @@ pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
             r
         }
     }
-}
-
-/// Allowed: exactly one of `streamable.allowed_origins` (ASCII case-insensitive). No implicit
-/// same-host rule: the proxy serves no pages, and matching against `Host` would let a
-/// DNS-rebinding page (whose `Origin` and `Host` agree) through.
-fn origin_allowed(ctx: &Ctx, origin: &HeaderValue) -> bool {
-    let Ok(o) = origin.to_str() else {
-        return false;
-    };
-    ctx.cfg
-        .streamable
-        .allowed_origins
-        .iter()
-        .any(|a| a.eq_ignore_ascii_case(o.trim()))
 }
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
@@ -126,12 +99,6 @@ fn accepts(h: &HeaderMap, want: &str) -> bool {
             });
             !refused && (mr == want || mr == "*/*" || mr == format!("{main}/*"))
         })
-}
-
-fn is_json_content(h: &HeaderMap) -> bool {
-    header(h, header::CONTENT_TYPE.as_str())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// An early answer (an error status) instead of a value; boxed, it is large.
@@ -388,7 +355,7 @@ async fn initialize(
         Ok(s) => s,
         Err(e) => return error_response(&e, msg.peek.id.as_deref()),
     };
-    tracing::info!(session = %session.id, protocol_version = echo::clip(&requested), "streamable session initialized");
+    tracing::info!(session = %session.log.tag, protocol_version = echo::clip(&requested), "streamable session initialized");
     let version = header_version.unwrap_or(requested);
     let resp = answer(ctx, &session, vec![msg], &version, true).await;
     if !resp.status().is_success() {
@@ -446,7 +413,7 @@ async fn answer(
             let mut ev = NewEvent::new(tag, Kind::Final, Bytes::from(body));
             ev.completes = Some(id.to_string());
             if let Err(e) = reg.log.append(&session.log, ev).await {
-                tracing::error!(session = %session.id, error = %e, "cannot log a batch member's error");
+                tracing::error!(session = %session.log.tag, error = %e, "cannot log a batch member's error");
             }
         }
     }
@@ -660,8 +627,8 @@ async fn resume(
     }
     m.resume(Facade::Streamable);
     tracing::info!(
-        session = %sl.id,
-        last_event_id = echo::clip(last_event_id),
+        session = %sl.tag,
+        after,
         stream = tag.0,
         head = ranges.head,
         responses = owed.responses,
@@ -698,7 +665,7 @@ async fn delete(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    tracing::info!(session = %session.id, "streamable session deleted by its client");
+    tracing::info!(session = %session.log.tag, "streamable session deleted by its client");
     ctx.reg.end(&session, EndReason::ClientDelete).await;
     plain(200, "text/plain", Bytes::new())
 }
