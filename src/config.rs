@@ -171,6 +171,11 @@ pub struct SessionsConfig {
     pub max_sessions: usize,
     /// Seconds between keepalive comments on every client SSE stream.
     pub keepalive_secs: u64,
+    /// Most live sessions one identity may hold (an anonymous caller: one peer IP address).
+    pub max_per_identity: usize,
+    /// Seconds a session that never got a client message (beyond `initialize`) is kept after its
+    /// last client left: probing clients do not hold upstream connections for `idle_ttl_secs`.
+    pub unused_ttl_secs: u64,
 }
 
 /// `[shutdown]`: draining on SIGTERM/SIGINT.
@@ -252,6 +257,8 @@ impl Default for SessionsConfig {
             retain_ended_secs: 600,
             max_sessions: 10_000,
             keepalive_secs: 15,
+            max_per_identity: 1000,
+            unused_ttl_secs: 15,
         }
     }
 }
@@ -544,6 +551,11 @@ impl Config {
         positive("sessions.idle_ttl_secs", self.sessions.idle_ttl_secs)?;
         positive("sessions.max_sessions", self.sessions.max_sessions as u64)?;
         positive("sessions.keepalive_secs", self.sessions.keepalive_secs)?;
+        positive(
+            "sessions.max_per_identity",
+            self.sessions.max_per_identity as u64,
+        )?;
+        positive("sessions.unused_ttl_secs", self.sessions.unused_ttl_secs)?;
         positive("shutdown.grace_secs", self.shutdown.grace_secs)?;
         Ok(self)
     }

@@ -54,7 +54,11 @@ fn endpoint_frame(ctx: &Ctx, id: &SessionId) -> Bytes {
 
 async fn open(ctx: &Arc<Ctx>, caller: &Caller) -> Resp {
     // `_hold` keeps the session from counting as idle until the stream below is attached.
-    let (session, _hold) = match ctx.reg.open(Facade::Legacy, None, caller.identity).await {
+    let (session, _hold) = match ctx
+        .reg
+        .open(Facade::Legacy, None, caller.identity, caller.owner())
+        .await
+    {
         Ok(s) => s,
         Err(e) => return error_response(&e, None),
     };

@@ -55,6 +55,13 @@ pub struct Caller {
     pub peer: Option<std::net::IpAddr>,
 }
 
+impl Caller {
+    /// Who holds the sessions it opens, for quotas.
+    pub fn owner(&self) -> crate::session::Owner {
+        crate::session::Owner::of(self.identity, self.peer)
+    }
+}
+
 impl Ctx {
     /// The handlers' context.
     pub fn new(cfg: Arc<Config>, reg: Arc<Registry>, env: StreamEnv) -> Self {

@@ -349,7 +349,12 @@ async fn initialize(
     // forwarded, until its POST stream is attached.
     let (session, _hold) = match ctx
         .reg
-        .open(Facade::Streamable, Some(requested.clone()), caller.identity)
+        .open(
+            Facade::Streamable,
+            Some(requested.clone()),
+            caller.identity,
+            caller.owner(),
+        )
         .await
     {
         Ok(s) => s,
@@ -456,17 +461,28 @@ async fn get(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     };
     match header(h, "last-event-id") {
         Some(lei) => resume(ctx, caller, sid.trim(), lei, version.as_deref()).await,
-        None => standalone(ctx, caller, h),
+        None => standalone(ctx, caller, h, version.as_deref()).await,
     }
 }
 
 /// A plain `GET`: the standalone stream, continuing after what earlier connections delivered.
-fn standalone(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
+async fn standalone(
+    ctx: &Arc<Ctx>,
+    caller: &Caller,
+    h: &HeaderMap,
+    header_version: Option<&str>,
+) -> Resp {
     let session = match live_session(ctx, caller, h) {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    let Some(attachment) = session.attach(StreamTag::STANDALONE, true) else {
+    // A session bound to an identity is taken over by a plain GET of that identity (the old
+    // connection is usually half-open after a network cut, and its owner must not be locked
+    // out). A bearer session keeps one connection (409): whoever knows its id is no proof of
+    // being the same client.
+    let takeover = session.log.identity.is_some();
+    let Some(attachment) = session.attach(StreamTag::STANDALONE, !takeover) else {
+        tracing::debug!(session = %session.log.tag, reason = "stream_active", "409: the standalone stream of a bearer session already has a connection");
         return json_error(
             409,
             None,
@@ -475,9 +491,19 @@ fn standalone(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
             json!({"reason": "stream_active"}),
         );
     };
+    let after = session.position(StreamTag::STANDALONE);
+    let version = effective_version(header_version, &session);
+    if at_least(&version, PRIMING_SINCE) {
+        // A logged priming event: the client holds a cursor from the start, so a cut of this
+        // connection is resumed (Last-Event-ID) rather than followed by a plain GET.
+        let priming = NewEvent::new(StreamTag::STANDALONE, Kind::Priming, Bytes::new());
+        if let Err(e) = ctx.reg.log.append(&session.log, priming).await {
+            return error_response(&e, None);
+        }
+    }
     let spec = StreamSpec {
         log: session.log.clone(),
-        after: session.position(StreamTag::STANDALONE),
+        after,
         filter: Filter::Stream(StreamTag::STANDALONE),
         preamble: Vec::new(),
         replay_until: 0,
