@@ -811,7 +811,7 @@ impl Registry {
                 }
                 let mut by_weight: Vec<(usize, Owner)> =
                     counts.into_iter().map(|(o, n)| (n, o)).collect();
-                by_weight.sort_by(|a, b| b.0.cmp(&a.0));
+                by_weight.sort_by_key(|w| std::cmp::Reverse(w.0));
                 let v = by_weight
                     .iter()
                     .find_map(|(_, o)| longest_idle(live.values().filter(|s| s.owner == *o)));
