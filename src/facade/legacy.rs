@@ -8,12 +8,11 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, Method, Request};
+use http::{Method, Request};
 use hyper::body::Incoming;
 
 use super::{
-    error_response, json_error, plain, query_param, read_client_body, refusal, sse_response,
-    Caller, Ctx, Resp,
+    error_response, plain, query_param, read_client_body, refusal, sse_response, Caller, Ctx, Resp,
 };
 use crate::domain::Facade;
 use crate::echo;
@@ -26,10 +25,7 @@ use crate::stream::{self, Filter, StreamSpec};
 /// Serves one request to the SSE path.
 pub async fn sse(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     if req.method() != Method::GET {
-        let mut r = plain(405, "text/plain", "Method Not Allowed");
-        r.headers_mut()
-            .insert(header::ALLOW, header::HeaderValue::from_static("GET"));
-        return r;
+        return error_response(&Error::MethodNotAllowed("GET"), None);
     }
     let caller = match ctx.caller(&req) {
         Ok(c) => c,
@@ -145,10 +141,7 @@ fn nothing_left(ctx: &Ctx, sl: &crate::log::SessionLog, after: u64) -> bool {
 /// Serves one request to the message path.
 pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     if req.method() != Method::POST {
-        let mut r = plain(405, "text/plain", "Method Not Allowed");
-        r.headers_mut()
-            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
-        return r;
+        return error_response(&Error::MethodNotAllowed("POST"), None);
     }
     let Some(raw) = query_param(req.uri().query(), "session_id") else {
         return error_response(&Error::BadRequest("session_id is required".into()), None);
@@ -159,13 +152,7 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     // A web page can POST `text/plain` cross-origin without a preflight; a JSON-RPC message
     // must say it is JSON.
     if !super::is_json_content(req.headers()) {
-        return json_error(
-            415,
-            None,
-            -32600,
-            "Unsupported Media Type: Content-Type must be application/json",
-            serde_json::json!({"reason": "unsupported_media_type"}),
-        );
+        return error_response(&Error::UnsupportedMediaType, None);
     }
     let caller = match ctx.caller(&req) {
         Ok(c) => c,
@@ -184,13 +171,7 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         Err(r) => return *r,
     };
     let Some(peek) = jsonrpc::peek(&body) else {
-        return json_error(
-            400,
-            None,
-            -32700,
-            "Parse error: body is not a JSON-RPC message",
-            serde_json::json!({"reason": "parse_error"}),
-        );
+        return error_response(&Error::Parse, None);
     };
     match session
         .forward(&ctx.reg, body, &peek, StreamTag::LEGACY)
