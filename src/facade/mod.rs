@@ -2,6 +2,7 @@
 //! response helpers they share (JSON-RPC error bodies, the §4 refusal body).
 
 pub mod legacy;
+pub mod resume;
 pub mod streamable;
 
 use std::sync::Arc;

@@ -32,9 +32,9 @@ use super::{
 };
 use crate::domain::{EndReason, Facade};
 use crate::echo;
-use crate::error::{Error, StoreError};
+use crate::error::Error;
 use crate::jsonrpc::{self, Peek};
-use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
+use crate::log::cursor::{Refusal, SessionId};
 use crate::log::{Kind, NewEvent, SessionLog, StreamTag};
 use crate::session::Session;
 use crate::stream::{self, Filter, StreamSpec};
@@ -528,40 +528,19 @@ async fn resume(
 ) -> Resp {
     let m = &ctx.reg.metrics;
     let log = &ctx.reg.log;
-    let Some(cursor) = Cursor::parse(last_event_id) else {
-        return refusal(m, Refusal::MalformedCursor, last_event_id, None, None);
+    let r = match super::resume::check(
+        ctx,
+        caller,
+        Facade::Streamable,
+        last_event_id,
+        Some(sid),
+        true,
+    ) {
+        Ok(r) => r,
+        Err(answer) => return *answer,
     };
-    if cursor.session.to_string() != sid {
-        return refusal(
-            m,
-            Refusal::ForeignSession,
-            last_event_id,
-            Some(cursor.session),
-            None,
-        );
-    }
-    let sl = log
-        .get(&cursor.session)
-        .filter(|sl| ctx.admits(caller, sl.identity.as_ref(), sl.facade, Facade::Streamable));
-    let Some(sl) = sl else {
-        return refusal(
-            m,
-            Refusal::UnknownSession,
-            last_event_id,
-            Some(cursor.session),
-            None,
-        );
-    };
-    if sl.failed() {
-        // Events of this session were lost to a storage failure and its end is not logged yet.
-        return error_response(&Error::Store(StoreError::Unavailable), None);
-    }
+    let (cursor, sl, ranges, after) = (r.cursor, r.sl, r.ranges, r.after);
     let refuse = |r: Refusal| refusal(m, r, last_event_id, Some(cursor.session), Some((log, &sl)));
-    let ranges = sl.ranges();
-    let after = match check_resume(&cursor, &ranges, true) {
-        Ok(a) => a,
-        Err(r) => return refuse(r),
-    };
     let ev = match log.event_at(&sl, cursor.seq) {
         Ok(Some(ev)) => ev,
         // Trimmed between the check and the read.
