@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::log::cursor::Refusal;
+pub use crate::upstream::UpstreamError;
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -69,7 +70,7 @@ pub enum Error {
     MethodNotAllowed(&'static str),
     /// The upstream could not be reached or answered badly.
     #[error("upstream: {0}")]
-    Upstream(#[from] crate::upstream::UpstreamError),
+    Upstream(#[from] UpstreamError),
     /// The upstream did not answer in time.
     #[error("upstream timeout: {0}")]
     UpstreamTimeout(String),
