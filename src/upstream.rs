@@ -96,7 +96,8 @@ pub type MemoryConnect =
 pub enum Io {
     /// TCP or TLS over TCP.
     Net(MaybeHttpsStream<TokioIo<TcpStream>>),
-    /// An in-memory pipe.
+    /// An in-memory pipe (unit tests).
+    #[cfg(test)]
     Mem(TokioIo<tokio::io::DuplexStream>),
 }
 
@@ -108,6 +109,7 @@ impl hyper::rt::Read for Io {
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
@@ -121,6 +123,7 @@ impl hyper::rt::Write for Io {
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
@@ -128,6 +131,7 @@ impl hyper::rt::Write for Io {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_flush(cx),
         }
     }
@@ -135,6 +139,7 @@ impl hyper::rt::Write for Io {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
@@ -144,6 +149,7 @@ impl Connection for Io {
     fn connected(&self) -> Connected {
         match self {
             Io::Net(s) => s.connected(),
+            #[cfg(test)]
             Io::Mem(_) => Connected::new(),
         }
     }
