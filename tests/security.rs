@@ -459,7 +459,16 @@ async fn streamable_session_is_bound_to_its_identity() {
         assert_eq!(body, unknown_post);
         let body = refused(mcp_delete(&t, &sid, who).await, 404, "unknown_session").await;
         assert_eq!(body, unknown_delete);
-        rejected += 5.0;
+        // A notification (e.g. cancelling the victim's request) and a response (e.g. answering a
+        // server-to-client request in the victim's place) take the same path.
+        for body in [
+            json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":11,"reason":"ATTACK-cancel"}}),
+            json!({"jsonrpc":"2.0","id":"srv-1","result":{"ATTACK-answer":true}}),
+        ] {
+            let r = mcp_post(&t, &sid, who, &body.to_string()).await;
+            assert_eq!(refused(r, 404, "unknown_session").await, unknown_post);
+        }
+        rejected += 7.0;
         assert_eq!(metric_at(admin, AUTH_REJECTED_STREAMABLE).await, rejected);
     }
 
