@@ -1135,6 +1135,31 @@ async fn endpoint_naming_another_origin_fails_the_session() {
     for (_, m) in &got {
         assert!(!m.to_string().contains(TRAP_BODY));
     }
+    // A second `endpoint` event mid-session naming the trap moves nothing: later posts still go
+    // where the first (allowed) one said.
+    let trap_url = format!("http://127.0.0.1:{trap_port}/messages?s=2");
+    let re = tool_call(10, "reendpoint", json!({ "url": trap_url }));
+    assert_eq!(legacy_post(&t, &sid, &[], &re).await.status, 202);
+    until_response(&mut sse, 10).await;
+    let before = stub.posts().len();
+    assert_eq!(
+        legacy_post(&t, &sid, &[], &echo(11, "still here"))
+            .await
+            .status,
+        202
+    );
+    let got = until_response(&mut sse, 11).await;
+    assert_eq!(got.last().unwrap().1["result"]["ok"], true);
+    assert_eq!(
+        stub.posts().len(),
+        before + 1,
+        "the post went to the first endpoint"
+    );
+    assert_eq!(
+        trap.hits(),
+        0,
+        "a later endpoint event redirected client bodies"
+    );
     let s = mcp_init(&t, V_NEW, &[]).await;
     let r = mcp_post(&t, &s, &[], &tool_call(9, "fail", json!({}))).await;
     let body = refused(r, 502, "upstream_error").await;

@@ -571,11 +571,15 @@ impl Drop for Trap {
     }
 }
 
+/// Marks a message the stub writes to its SSE stream verbatim.
+const RAW: &str = "\u{1}RAW";
+
 /// A stub legacy HTTP+SSE upstream: `GET /sse` answers an `endpoint` event naming
 /// `endpoint` (set before or after start), then stays open. Any `POST` (to the stub itself, or to
 /// its [`StubUpstream::sink_port`], a second listener on another port = another origin) is recorded,
 /// and a request is answered on the SSE stream that announced it with `{"result":{"ok":true}}`;
-/// a `tools/call` of tool `fail` is instead answered `500` with [`TRAP_BODY`]. Each POST gets 202.
+/// a `tools/call` of tool `fail` is instead answered `500` with [`TRAP_BODY`]; one of tool
+/// `reendpoint` first sends a second `endpoint` event naming `arguments.url`. Other POSTs get 202.
 pub struct StubUpstream {
     pub port: u16,
     pub sink_port: u16,
@@ -672,10 +676,11 @@ async fn stub_conn(
                 return;
             }
             while let Some(msg) = rx.recv().await {
-                if s.write_all(format!("event: message\ndata: {msg}\n\n").as_bytes())
-                    .await
-                    .is_err()
-                {
+                let frame = match msg.strip_prefix(RAW) {
+                    Some(raw) => raw.to_string(),
+                    None => format!("event: message\ndata: {msg}\n\n"),
+                };
+                if s.write_all(frame.as_bytes()).await.is_err() {
                     return;
                 }
             }
@@ -713,6 +718,11 @@ async fn stub_conn(
                 None => st.last(),
             };
             if let Some(tx) = tx {
+                if msg["params"]["name"] == "reendpoint" {
+                    // A second `endpoint` event, mid-session, naming another URL.
+                    let url = msg["params"]["arguments"]["url"].as_str().unwrap_or("");
+                    let _ = tx.send(format!("{RAW}event: endpoint\ndata: {url}\n\n"));
+                }
                 let _ = tx.send(answer);
             }
         }
