@@ -3,10 +3,17 @@
 //! still working — with the real SDK clients where a client is involved (TypeScript SDK on both
 //! transports, Python SDK on Streamable HTTP), raw HTTP for the attacker.
 //!
-//! 1. identity binding on the legacy face; 2. on the Streamable HTTP face; 3. face binding;
-//! 4. bearer sessions and `auth.require_identity`; 5. no ids in the info log; 6. Origin, Host and
-//! Content-Type; 7. the upstream `endpoint` origin check; 8. quotas and probe sessions;
-//! 9. standalone stream takeover. TLS is in tests/tls.rs.
+//! 1. identity binding on the legacy face;
+//! 2. identity binding on the Streamable HTTP face;
+//! 3. face binding;
+//! 4. bearer sessions and `auth.require_identity`;
+//! 5. no ids in the info log;
+//! 6. Origin, Host and Content-Type;
+//! 7. the upstream `endpoint` origin check;
+//! 8. quotas and probe sessions;
+//! 9. standalone stream takeover.
+//!
+//! TLS is in tests/tls.rs.
 //!
 //! Run: `cargo test --test security` (after `scripts/install-peers`).
 
