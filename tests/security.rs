@@ -825,16 +825,14 @@ async fn info_log_holds_no_ids_cursors_or_credentials() {
     assert!(upstream_sid.len() >= 16, "{upstream_sid}");
 
     let log = proxy.stop();
-    // The log is at info and covers what happened (else the check below proves nothing).
-    for line in [
-        "session started",
-        "legacy resume served",
-        "streamable resume served",
-        "resume refused",
-        "session ended",
-    ] {
-        assert!(log.contains(line), "no {line:?} line in the log:\n{log}");
-    }
+    // The log is at info and covers what happened (else the check below proves nothing): the
+    // sessions' lines and the refusals' warn lines are there.
+    let lines = |level: &str| log.lines().filter(|l| l.contains(level)).count();
+    assert!(lines("INFO") >= 8, "too few info lines:\n{log}");
+    assert!(
+        lines("WARN") >= 3,
+        "the refusals' warn lines are missing:\n{log}"
+    );
     for (what, needle) in [
         ("legacy session id", l.as_str()),
         ("streamable session id", s.as_str()),
