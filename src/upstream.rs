@@ -80,12 +80,12 @@ pub enum Connector {
     /// TCP, with TLS for `https://` URLs.
     Net(HttpsConnector<HttpConnector>),
     /// A new in-memory pipe per connection (tests: paused time, no sockets).
-    #[doc(hidden)]
+    #[cfg(test)]
     Memory(MemoryConnect),
 }
 
 /// Opens an in-memory connection to the upstream for a URI.
-#[doc(hidden)]
+#[cfg(test)]
 pub type MemoryConnect =
     Arc<dyn Fn(&Uri) -> std::io::Result<tokio::io::DuplexStream> + Send + Sync>;
 
@@ -96,7 +96,8 @@ pub type MemoryConnect =
 pub enum Io {
     /// TCP or TLS over TCP.
     Net(MaybeHttpsStream<TokioIo<TcpStream>>),
-    /// An in-memory pipe.
+    /// An in-memory pipe (unit tests).
+    #[cfg(test)]
     Mem(TokioIo<tokio::io::DuplexStream>),
 }
 
@@ -108,6 +109,7 @@ impl hyper::rt::Read for Io {
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
@@ -121,6 +123,7 @@ impl hyper::rt::Write for Io {
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
@@ -128,6 +131,7 @@ impl hyper::rt::Write for Io {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_flush(cx),
         }
     }
@@ -135,6 +139,7 @@ impl hyper::rt::Write for Io {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
@@ -144,6 +149,7 @@ impl Connection for Io {
     fn connected(&self) -> Connected {
         match self {
             Io::Net(s) => s.connected(),
+            #[cfg(test)]
             Io::Mem(_) => Connected::new(),
         }
     }
@@ -159,6 +165,7 @@ impl tower_service::Service<Uri> for Connector {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), BoxError>> {
         match self {
             Connector::Net(c) => c.poll_ready(cx),
+            #[cfg(test)]
             Connector::Memory(_) => Poll::Ready(Ok(())),
         }
     }
@@ -169,6 +176,7 @@ impl tower_service::Service<Uri> for Connector {
                 let f = c.call(uri);
                 Box::pin(async move { f.await.map(Io::Net) })
             }
+            #[cfg(test)]
             Connector::Memory(open) => {
                 let io = open(&uri);
                 Box::pin(async move { Ok(Io::Mem(TokioIo::new(io?))) })
@@ -200,7 +208,7 @@ pub fn client(set: &UpstreamSettings) -> HttpClient {
 }
 
 /// A client whose every connection is `open`ed in memory (unit tests).
-#[doc(hidden)]
+#[cfg(test)]
 pub fn memory_client(open: MemoryConnect) -> HttpClient {
     build(Connector::Memory(open))
 }
