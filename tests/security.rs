@@ -124,6 +124,21 @@ async fn legacy_session_is_bound_to_its_identity() {
         assert_eq!(body["error"]["code"], unknown["error"]["code"]);
     }
     assert_eq!(metric_at(admin, AUTH_REJECTED_LEGACY).await, 2.0);
+    // Cursors the owner would get a 409 for (beyond the head, unknown epoch): still 404 for
+    // anyone else, so the session's head and epochs cannot be probed either.
+    for (cursor, owner_reason) in [
+        (format!("{sid}:1:999999"), "cursor_ahead"),
+        (format!("{sid}:7:1"), "unknown_epoch"),
+    ] {
+        refused(
+            legacy_resume(&t, &[B], &cursor).await,
+            404,
+            "unknown_session",
+        )
+        .await;
+        refused(legacy_resume(&t, &[A], &cursor).await, 409, owner_reason).await;
+    }
+    assert_eq!(metric_at(admin, AUTH_REJECTED_LEGACY).await, 4.0);
 
     // Post attacks: 404 exactly as for an unknown session; nothing reaches the upstream.
     let unknown_post = legacy_post(&t, &fake, &[B], &echo(66, "ATTACK-unknown")).await;
@@ -133,7 +148,7 @@ async fn legacy_session_is_bound_to_its_identity() {
         let body = refused(r, 404, "unknown_session").await;
         assert_eq!(body, unknown_post, "same body as an unknown session");
     }
-    assert_eq!(metric_at(admin, AUTH_REJECTED_LEGACY).await, 4.0);
+    assert_eq!(metric_at(admin, AUTH_REJECTED_LEGACY).await, 6.0);
 
     // The victim's stream was neither closed nor taken over: it still carries its answers, and
     // nothing of the attacker's.
@@ -212,7 +227,7 @@ async fn legacy_session_is_bound_to_its_identity() {
         resumes + 1.0
     );
     // The owner's own requests were never counted as rejections.
-    assert_eq!(metric_at(admin, AUTH_REJECTED_LEGACY).await, 4.0);
+    assert_eq!(metric_at(admin, AUTH_REJECTED_LEGACY).await, 6.0);
     proxy.stop().await;
 }
 
@@ -457,6 +472,10 @@ async fn streamable_session_is_bound_to_its_identity() {
             Value::Null,
             "no head leaked"
         );
+        for cursor in [format!("{sid}:1:999999"), format!("{sid}:7:1")] {
+            let r = mcp_get(&t, &sid, who, Some(&cursor)).await;
+            refused(r, 404, "unknown_session").await;
+        }
         let body = refused(
             mcp_post(&t, &sid, who, &echo(10, "ATTACK-post")).await,
             404,
@@ -475,7 +494,7 @@ async fn streamable_session_is_bound_to_its_identity() {
             let r = mcp_post(&t, &sid, who, &body.to_string()).await;
             assert_eq!(refused(r, 404, "unknown_session").await, unknown_post);
         }
-        rejected += 7.0;
+        rejected += 9.0;
         assert_eq!(metric_at(admin, AUTH_REJECTED_STREAMABLE).await, rejected);
     }
 
@@ -824,6 +843,11 @@ async fn info_log_holds_no_ids_cursors_or_credentials() {
         .expect("the proxy posted to the upstream's message URL");
     assert!(upstream_sid.len() >= 16, "{upstream_sid}");
 
+    // Nor in the metrics.
+    let metrics = metrics_text(proxy.admin).await;
+    for id in [&l, &s] {
+        assert!(!metrics.contains(id.as_str()), "a session id in /metrics");
+    }
     let log = proxy.stop();
     // The log is at info and covers what happened (else the check below proves nothing): the
     // sessions' lines and the refusals' warn lines are there.
@@ -1106,6 +1130,30 @@ async fn endpoint_naming_another_origin_fails_the_session() {
     assert_eq!(metric_at(admin, "mcp_resume_sessions_active").await, 0.0);
     p.stop().await;
 
+    // An upstream whose SSE endpoint itself answers 500 with a body: 502, without that body.
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(
+        &format!("http://127.0.0.1:{trap_port}/sse"),
+        dir.path(),
+        |_| {},
+    )
+    .await;
+    let t = Target::plain(p.addr);
+    let r = t
+        .send("GET", "/sse", &[("accept", "text/event-stream")], None)
+        .await;
+    let body = refused(r, 502, "upstream_error").await;
+    assert!(!body.to_string().contains(TRAP_BODY), "{body}");
+    assert_eq!(
+        metric_at(
+            p.admin_addr,
+            "mcp_resume_upstream_errors_total{kind=\"status\"}"
+        )
+        .await,
+        1.0
+    );
+    p.stop().await;
+
     // Allowed: the other origin gets the POSTs and the session works.
     let stub =
         StubUpstream::start(|_, sink| format!("http://127.0.0.1:{sink}/messages?sid={{sid}}"))
@@ -1162,8 +1210,8 @@ async fn endpoint_naming_another_origin_fails_the_session() {
     );
     assert_eq!(
         trap.hits(),
-        0,
-        "a later endpoint event redirected client bodies"
+        1,
+        "only the upstream GET of the 500 case reached the trap; no client body did"
     );
     let s = mcp_init(&t, V_NEW, &[]).await;
     let r = mcp_post(&t, &s, &[], &tool_call(9, "fail", json!({}))).await;
