@@ -33,6 +33,14 @@ pub const DROPPED_REASONS: [&str; 5] = [
     "reader_trimmed",
 ];
 
+/// Reasons of `mcp_resume_requests_rejected_total`.
+pub const REJECT_REASONS: [&str; 4] = [
+    "origin_not_allowed",
+    "host_not_allowed",
+    "identity_required",
+    "unsupported_media_type",
+];
+
 /// All metric handles. Cloning is cheap (handles are reference counted).
 #[derive(Clone)]
 pub struct Metrics {
@@ -64,6 +72,10 @@ pub struct Metrics {
     pub inflight_aborted: IntCounter,
     upstream_errors: IntCounterVec,
     client_streams: IntGaugeVec,
+    /// `mcp_resume_requests_rejected_total{reason}`: requests refused before any session was
+    /// looked at (a browser's foreign `Origin`, a foreign `Host`, no identity where one is required,
+    /// a legacy message that is not JSON).
+    requests_rejected: IntCounterVec,
     /// `mcp_resume_auth_rejected_total{facade}`: requests refused because they named a session of
     /// another identity or another face (answered like an unknown session).
     auth_rejected: IntCounterVec,
@@ -180,6 +192,14 @@ impl Metrics {
                 &["facade"],
             )
             .unwrap(),
+            requests_rejected: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_requests_rejected_total",
+                    "Requests refused before any session was looked at, by reason (origin_not_allowed, host_not_allowed, identity_required, unsupported_media_type).",
+                ),
+                &["reason"],
+            )
+            .unwrap(),
             auth_rejected: IntCounterVec::new(
                 Opts::new(
                     "mcp_resume_auth_rejected_total",
@@ -217,6 +237,10 @@ impl Metrics {
         r.register(Box::new(m.client_streams.clone())).unwrap();
         r.register(Box::new(m.dropped.clone())).unwrap();
         r.register(Box::new(m.auth_rejected.clone())).unwrap();
+        r.register(Box::new(m.requests_rejected.clone())).unwrap();
+        for reason in REJECT_REASONS {
+            m.requests_rejected.with_label_values(&[reason]);
+        }
         // Materialise every label set so dashboards see zeros rather than gaps.
         for reason in Refusal::ALL {
             m.refusals.with_label_values(&[reason.as_str()]);
@@ -266,6 +290,12 @@ impl Metrics {
     /// Counts one upstream error of `kind` (one of [`UPSTREAM_ERROR_KINDS`]).
     pub fn upstream_error(&self, kind: &'static str) {
         self.upstream_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Counts one request refused before any session was looked at (`reason`: one of
+    /// [`REJECT_REASONS`]).
+    pub fn request_rejected(&self, reason: &'static str) {
+        self.requests_rejected.with_label_values(&[reason]).inc();
     }
 
     /// Counts one request refused for naming a session it may not use.
@@ -328,6 +358,7 @@ mod tests {
             "mcp_resume_store_errors_total",
             "mcp_resume_log_disk_bytes",
             "mcp_resume_auth_rejected_total",
+            "mcp_resume_requests_rejected_total",
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }

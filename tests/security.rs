@@ -982,6 +982,10 @@ async fn origin_host_and_content_type_are_checked_on_both_faces() {
     assert!(!upstream_saw(&tap).contains("TEXTPLAIN-MARK"));
     assert_eq!(proxy.metric(&started("streamable")).await, 0.0);
     assert_eq!(proxy.metric(&started("legacy")).await, 1.0);
+    // Counted: 4 non-JSON posts, 3 foreign origins on the three paths, 4 lookalikes.
+    let rejected = |r: &str| format!("mcp_resume_requests_rejected_total{{reason=\"{r}\"}}");
+    assert_eq!(proxy.metric(&rejected("unsupported_media_type")).await, 4.0);
+    assert_eq!(proxy.metric(&rejected("origin_not_allowed")).await, 7.0);
 
     // The allowed origin passes on both faces.
     let good = ("origin", "http://app.example");
@@ -1042,6 +1046,12 @@ async fn origin_host_and_content_type_are_checked_on_both_faces() {
     }
     assert_eq!(proxy.metric(&started("legacy")).await, 0.0);
     assert_eq!(proxy.metric(&started("streamable")).await, 0.0);
+    assert_eq!(
+        proxy
+            .metric("mcp_resume_requests_rejected_total{reason=\"host_not_allowed\"}")
+            .await,
+        12.0
+    );
     // The right host (with the port, as clients send it; and without) passes on both faces.
     let (_sse, _) = legacy_open(&t, &[]).await;
     let (_sse, _) = legacy_open(&t, &[("host", "127.0.0.1")]).await;

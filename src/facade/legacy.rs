@@ -111,6 +111,7 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     // A web page can POST `text/plain` cross-origin without a preflight; a JSON-RPC message
     // must say it is JSON.
     if !super::is_json_content(req.headers()) {
+        ctx.reg.metrics.request_rejected("unsupported_media_type");
         return error_response(&Error::UnsupportedMediaType, None);
     }
     let caller = match ctx.caller(&req) {

@@ -107,12 +107,15 @@ impl Ctx {
                     origin = echo::clip(&o),
                     "request from a foreign Origin refused"
                 );
+                self.reg.metrics.request_rejected("origin_not_allowed");
+                let e = Error::OriginNotAllowed;
+                let a = e.answer();
                 return Err(Box::new(json_error(
-                    403,
+                    a.status,
                     None,
-                    -32000,
-                    "Forbidden: Origin not allowed",
-                    serde_json::json!({"reason": "origin_not_allowed", "origin": echo::clip(&o)}),
+                    a.code,
+                    &e.to_string(),
+                    serde_json::json!({"reason": a.reason, "origin": echo::clip(&o)}),
                 )));
             }
         }
@@ -134,13 +137,8 @@ impl Ctx {
                     host = echo::clip(&host),
                     "request for a host not in listen.allowed_hosts refused"
                 );
-                return Err(Box::new(json_error(
-                    403,
-                    None,
-                    -32000,
-                    "Forbidden: Host not allowed",
-                    serde_json::json!({"reason": "host_not_allowed"}),
-                )));
+                self.reg.metrics.request_rejected("host_not_allowed");
+                return Err(Box::new(error_response(&Error::HostNotAllowed, None)));
             }
         }
         Ok(())
@@ -156,6 +154,7 @@ impl Ctx {
             .keys()
             .identity(&self.cfg.auth, req.headers(), cert);
         if identity.is_none() && self.cfg.auth.require_identity {
+            self.reg.metrics.request_rejected("identity_required");
             return Err(Box::new(error_response(&Error::IdentityRequired, None)));
         }
         Ok(Caller {
