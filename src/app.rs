@@ -91,6 +91,7 @@ pub struct Running {
     client: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
     admin: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
     janitor: JoinHandle<()>,
+    modern_janitor: JoinHandle<()>,
     log: Arc<Log>,
 }
 
@@ -149,7 +150,11 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     registry.end_interrupted(interrupted).await;
     tokio::spawn(registry.clone().watch_store_failures());
     let drain = Drain::new();
+    let modern =
+        crate::modern::Modern::new(cfg.clone(), log.clone(), metrics.clone(), drain.watch());
+    let modern_janitor = tokio::spawn(modern.clone().janitor(stop_rx.clone()));
     let ctx = Arc::new(Ctx {
+        modern,
         cfg: cfg.clone(),
         reg: registry.clone(),
         env: StreamEnv {
@@ -182,6 +187,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         client,
         admin,
         janitor,
+        modern_janitor,
         log,
     })
 }
@@ -236,6 +242,7 @@ impl Running {
             }
         }
         let _ = self.janitor.await;
+        let _ = self.modern_janitor.await;
         match self.log.close().await {
             Ok(()) => tracing::info!("log flushed and marked clean"),
             Err(e) => tracing::error!(error = %e, "final log flush failed"),

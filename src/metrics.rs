@@ -69,6 +69,10 @@ pub struct Metrics {
     auth_rejected: IntCounterVec,
     /// `mcp_resume_dropped_total{reason}`: client input or upstream output that could not be delivered.
     dropped: IntCounterVec,
+    /// `mcp_resume_tasks_total{status}`: 2026-07-28 tasks created and how they ended.
+    pub tasks: IntCounterVec,
+    /// `mcp_resume_upstream_pool_sessions`: upstream sessions the 2026-07-28 face holds open.
+    pub pool_sessions: IntGauge,
 }
 
 impl Metrics {
@@ -197,6 +201,19 @@ impl Metrics {
             )
             .unwrap(),
             registry,
+            tasks: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_tasks_total",
+                    "2026-07-28 tasks, by status: created, then completed, failed, cancelled or expired.",
+                ),
+                &["status"],
+            )
+            .unwrap(),
+            pool_sessions: IntGauge::new(
+                "mcp_resume_upstream_pool_sessions",
+                "Upstream sessions the 2026-07-28 face holds open in its pool.",
+            )
+            .unwrap(),
         };
         let r = &m.registry;
         r.register(Box::new(m.refusals.clone())).unwrap();
@@ -217,6 +234,11 @@ impl Metrics {
         r.register(Box::new(m.client_streams.clone())).unwrap();
         r.register(Box::new(m.dropped.clone())).unwrap();
         r.register(Box::new(m.auth_rejected.clone())).unwrap();
+        r.register(Box::new(m.tasks.clone())).unwrap();
+        r.register(Box::new(m.pool_sessions.clone())).unwrap();
+        for s in crate::modern::tasks::TASK_STATUSES {
+            m.tasks.with_label_values(&[s]);
+        }
         // Materialise every label set so dashboards see zeros rather than gaps.
         for reason in Refusal::ALL {
             m.refusals.with_label_values(&[reason.as_str()]);

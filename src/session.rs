@@ -662,7 +662,7 @@ impl Registry {
             link,
             default_stream: match facade {
                 Facade::Legacy => StreamTag::LEGACY,
-                Facade::Streamable => StreamTag::STANDALONE,
+                Facade::Streamable | Facade::Task => StreamTag::STANDALONE,
             },
             state: Mutex::new(State {
                 inflight: HashMap::new(),
@@ -838,7 +838,13 @@ impl Registry {
                 self.end(&s, EndReason::IdleTimeout).await;
             }
             let now = crate::log::unix_now();
-            for l in self.log.all() {
+            // Task logs keep their own time (`tasks.ttl_secs`, `modern::tasks`).
+            for l in self
+                .log
+                .all()
+                .into_iter()
+                .filter(|l| l.facade != Facade::Task)
+            {
                 if l.end_published()
                     && l.ended_unix()
                         .is_some_and(|t| now.saturating_sub(t) >= retain)

@@ -32,6 +32,8 @@ pub struct Ctx {
     pub reg: Arc<Registry>,
     /// Client stream environment.
     pub env: StreamEnv,
+    /// The 2026-07-28 face.
+    pub modern: Arc<crate::modern::Modern>,
 }
 
 /// The client's address, attached to every request by the listener.
