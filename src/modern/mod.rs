@@ -783,15 +783,13 @@ impl Modern {
             Err(e) => return upstream_unavailable(&inb.id, &e),
         };
         let init = lease.session.init.get().cloned().unwrap_or_default();
-        let caps = &init["capabilities"];
+        // List changes are honoured whenever asked for: the proxy relays whatever the upstream
+        // sends, and some upstreams send them without declaring `listChanged` (FastMCP 1.x).
         let on = |k: &str| want.get(k).and_then(Value::as_bool) == Some(true);
         let filter = Filter {
-            tools: on("toolsListChanged")
-                && caps.pointer("/tools/listChanged") == Some(&json!(true)),
-            prompts: on("promptsListChanged")
-                && caps.pointer("/prompts/listChanged") == Some(&json!(true)),
-            resources: on("resourcesListChanged")
-                && caps.pointer("/resources/listChanged") == Some(&json!(true)),
+            tools: on("toolsListChanged"),
+            prompts: on("promptsListChanged"),
+            resources: on("resourcesListChanged"),
             resource_uris: Vec::new(),
             task_ids: task_ids.map(|ids| {
                 ids.iter()
