@@ -227,7 +227,7 @@ pub fn validate(
         .and_then(|m| m.get(META_CAPS))
         .filter(|c| c.is_object())
         .cloned();
-    if claim.is_none() && !header_version.is_some_and(|v| v == MODERN_VERSION) {
+    if claim.is_none() && header_version.is_none_or(|v| v != MODERN_VERSION) {
         // Modern only by a header that names no version this endpoint speaks.
         return Err((id, unsupported(header_version.unwrap_or(""))));
     }
