@@ -221,8 +221,8 @@ pub fn refuse_get_delete(h: &HeaderMap) -> Option<Resp> {
 ///
 /// A POST with `Mcp-Session-Id` and a 2025 `MCP-Protocol-Version` (or none) goes to the sessionful
 /// face without its body being read here. Any other body is read (same limits as there) and
-/// classified: a `params._meta` protocol-version claim, or a header naming a version the
-/// sessionful face does not serve, makes it modern.
+/// classified: a `params._meta` protocol-version claim, or `MCP-Protocol-Version: 2026-07-28`,
+/// makes it modern.
 pub async fn select(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Era {
     let h = req.headers();
     let hv = h
@@ -245,7 +245,9 @@ pub async fn select(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> 
             .and_then(|m| m.get(wire::META_VERSION))
             .is_some()
     });
-    if !claims && legacy_header {
+    // Without a claim only the modern version's header makes a request modern; an unknown
+    // version without one gets the sessionful face's own 400 (which lists what it serves).
+    if !claims && hv.as_deref() != Some(MODERN_VERSION) {
         return Era::Legacy(Request::from_parts(parts, Either::Right(Full::new(body))));
     }
     Era::Modern(
