@@ -35,6 +35,9 @@ pub enum StartError {
         /// Cause.
         source: std::io::Error,
     },
+    /// The listener's TLS files are not usable.
+    #[error("{0}")]
+    Tls(#[source] crate::tls::TlsError),
     /// The log could not be opened.
     #[error("cannot open the log in {dir}: {source}")]
     Log {
@@ -77,6 +80,8 @@ pub struct Running {
     pub addr: SocketAddr,
     /// Admin listener address.
     pub admin_addr: SocketAddr,
+    /// The client listener speaks TLS.
+    pub tls: bool,
     /// What recovery found.
     pub recovery: Recovery,
     /// Metrics (for tests and the demo).
@@ -127,6 +132,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     let admin = tokio::spawn(listen::serve(
         admin_listener,
         64,
+        None,
         move |req| admin.clone().handle(req),
         stop_rx.clone(),
     ));
@@ -150,32 +156,36 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     registry.end_interrupted(interrupted).await;
     tokio::spawn(registry.clone().watch_store_failures());
     let drain = Drain::new();
-    let modern =
-        crate::modern::Modern::new(cfg.clone(), log.clone(), metrics.clone(), drain.watch());
-    let modern_janitor = tokio::spawn(modern.clone().janitor(stop_rx.clone()));
-    let ctx = Arc::new(Ctx {
-        modern,
-        cfg: cfg.clone(),
-        reg: registry.clone(),
-        env: StreamEnv {
+    let ctx = Arc::new(Ctx::new(
+        cfg.clone(),
+        registry.clone(),
+        StreamEnv {
             log: log.clone(),
             metrics: metrics.clone(),
             keepalive: cfg.keepalive(),
             drain: drain.watch(),
         },
-    });
+    ));
+    let modern_janitor = tokio::spawn(ctx.modern.clone().janitor(stop_rx.clone()));
+    // Checked by the config's validation; a file that broke since is an error to start with.
+    let tls = crate::tls::ServerTls::load(&cfg.tls).map_err(StartError::Tls)?;
+    if let Some(t) = &tls {
+        tokio::spawn(t.clone().watch(stop_rx.clone()));
+    }
     let client = tokio::spawn(listen::serve(
         listener,
         cfg.listen.max_connections,
+        tls.clone(),
         move |req| listen::route(ctx.clone(), req),
         stop_rx.clone(),
     ));
     let janitor = tokio::spawn(registry.clone().janitor(stop_rx));
     ready.store(true, Ordering::Release);
-    tracing::info!(%addr, %admin_addr, "listening");
+    tracing::info!(%addr, %admin_addr, tls = tls.is_some(), mutual_tls = tls.as_ref().is_some_and(|t| t.mutual), "listening");
     Ok(Running {
         addr,
         admin_addr,
+        tls: tls.is_some(),
         recovery,
         metrics,
         registry,
@@ -258,8 +268,10 @@ impl Running {
 pub async fn run(cfg: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
     let running = start(cfg).await?;
     println!(
-        "mcp-resume-proxy listening on http://{} (admin http://{})",
-        running.addr, running.admin_addr
+        "mcp-resume-proxy listening on {}://{} (admin http://{})",
+        if running.tls { "https" } else { "http" },
+        running.addr,
+        running.admin_addr
     );
     let failed = tokio::select! {
         _ = shutdown => false,

@@ -77,6 +77,12 @@ pub struct ListenConfig {
     /// Seconds a request body may take to arrive completely, from the end of its head; a slower
     /// body is answered 408 and its connection closed, so it cannot hold a connection slot longer.
     pub body_timeout_secs: u64,
+    /// Origins (`scheme://host[:port]`) allowed to call either face from a browser; a request
+    /// with any other `Origin` gets 403. Requests without `Origin` (non-browser clients) pass.
+    pub allowed_origins: Vec<String>,
+    /// When not empty, the `Host` header must name one of these (`host` or `host:port`), else
+    /// 403: a DNS-rebinding page reaches the proxy under its own host name.
+    pub allowed_hosts: Vec<String>,
 }
 
 /// `[admin]`: metrics and probes.
@@ -126,7 +132,7 @@ pub struct LegacyConfig {
 pub struct StreamableConfig {
     /// Path of the MCP endpoint.
     pub path: String,
-    /// Origins allowed on the MCP endpoint (exact match); requests without `Origin` are always allowed.
+    /// Deprecated alias of `listen.allowed_origins` (merged into it; both faces use one list).
     pub allowed_origins: Vec<String>,
 }
 
@@ -169,6 +175,11 @@ pub struct SessionsConfig {
     pub max_sessions: usize,
     /// Seconds between keepalive comments on every client SSE stream.
     pub keepalive_secs: u64,
+    /// Most live sessions one identity may hold (an anonymous caller: one peer IP address).
+    pub max_per_identity: usize,
+    /// Seconds a session that never got a client message (beyond `initialize`) is kept after its
+    /// last client left: probing clients do not hold upstream connections for `idle_ttl_secs`.
+    pub unused_ttl_secs: u64,
 }
 
 /// `[shutdown]`: draining on SIGTERM/SIGINT.
@@ -185,6 +196,8 @@ impl Default for ListenConfig {
             addr: "127.0.0.1:8080".into(),
             max_connections: 10_000,
             body_timeout_secs: 30,
+            allowed_origins: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }
@@ -248,6 +261,8 @@ impl Default for SessionsConfig {
             retain_ended_secs: 600,
             max_sessions: 10_000,
             keepalive_secs: 15,
+            max_per_identity: 1000,
+            unused_ttl_secs: 15,
         }
     }
 }
@@ -498,10 +513,28 @@ impl Config {
             return Err(bad("streamable.path", "the three client paths must differ"));
         }
         for o in &self.streamable.allowed_origins {
-            if !(o.starts_with("http://") || o.starts_with("https://")) || o.ends_with('/') {
+            parse_origin(o).map_err(|r| bad("streamable.allowed_origins", r))?;
+        }
+        for o in &self.listen.allowed_origins {
+            parse_origin(o).map_err(|r| bad("listen.allowed_origins", r))?;
+        }
+        for h in &self.listen.allowed_hosts {
+            if h.is_empty()
+                || h.contains(['/', ' ', '@'])
+                || h.parse::<http::uri::Authority>().is_err()
+            {
                 return Err(bad(
-                    "streamable.allowed_origins",
-                    format!("`{o}` is not an origin like https://host:port"),
+                    "listen.allowed_hosts",
+                    format!("`{h}` is not a host or host:port"),
+                ));
+            }
+        }
+        crate::tls::check(&self.tls).map_err(|e| bad(e.key, e.reason))?;
+        for (i, h) in self.auth.identity_headers.iter().enumerate() {
+            if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
+                return Err(bad(
+                    "auth.identity_headers",
+                    format!("entry {i} (`{h}`) is not a header name"),
                 ));
             }
         }
@@ -522,6 +555,11 @@ impl Config {
         positive("sessions.idle_ttl_secs", self.sessions.idle_ttl_secs)?;
         positive("sessions.max_sessions", self.sessions.max_sessions as u64)?;
         positive("sessions.keepalive_secs", self.sessions.keepalive_secs)?;
+        positive(
+            "sessions.max_per_identity",
+            self.sessions.max_per_identity as u64,
+        )?;
+        positive("sessions.unused_ttl_secs", self.sessions.unused_ttl_secs)?;
         positive("shutdown.grace_secs", self.shutdown.grace_secs)?;
         positive(
             "modern.pool_max_sessions",

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::domain::{EndReason, Facade};
 use crate::echo;
 use crate::error::{Error, Result, StoreError};
+use crate::identity::Identity;
 use crate::jsonrpc;
 use crate::log::cursor::SessionId;
 use crate::log::{Health, Interrupted, Kind, Log, NewEvent, SessionLog, StreamTag};
@@ -95,12 +96,16 @@ struct State {
     next_serial: u64,
     /// Requests answered by their timeout, most recent last (at most [`LATE_IDS`]).
     timed_out: VecDeque<String>,
+    /// A client message beyond the opening ones arrived (see [`Session::used`]).
+    used: bool,
 }
 
 /// A live session.
 pub struct Session {
     /// Proxy session id.
     pub id: SessionId,
+    /// Who holds it, for per-identity quotas.
+    pub owner: Owner,
     /// Face that created it.
     pub facade: Facade,
     /// Its log.
@@ -202,6 +207,11 @@ impl Session {
         st.attached.is_empty().then_some(st.last_detach)
     }
 
+    /// Has a client sent it a message beyond opening it (`initialize`, `initialized`)?
+    fn used(&self) -> bool {
+        self.lock().used
+    }
+
     /// Forwards one client message upstream. A request is first recorded as in flight (durably),
     /// so that whatever happens next it gets an answer: its response, or a -32091 error.
     ///
@@ -217,6 +227,12 @@ impl Session {
     ) -> Result<()> {
         if self.is_ended() {
             return Err(Error::UnknownSession);
+        }
+        if !matches!(
+            peek.method.as_deref(),
+            Some("initialize" | "notifications/initialized")
+        ) {
+            self.lock().used = true;
         }
         let request_id = peek.id.clone().filter(|_| peek.is_request());
         if let Some(id) = &request_id {
@@ -250,7 +266,7 @@ impl Session {
             Ok(()) => Ok(()),
             Err(Error::UpstreamLost) => {
                 reg.metrics.upstream_error("status");
-                tracing::warn!(session = %self.id, "upstream answered 404 to a POST: session lost");
+                tracing::warn!(session = %self.log.tag, "upstream answered 404 to a POST: session lost");
                 reg.end(self, EndReason::UpstreamLost).await;
                 Err(Error::UpstreamLost)
             }
@@ -260,7 +276,7 @@ impl Session {
                 } else {
                     "post_failed"
                 });
-                tracing::warn!(session = %self.id, error = %e, "forwarding a client message failed");
+                tracing::warn!(session = %self.log.tag, error = %e, "forwarding a client message failed");
                 // On a timeout the upstream may still answer, so the request stays in flight;
                 // any other failure means the upstream did not take it.
                 if let (Some(id), false) = (&request_id, e.is_timeout()) {
@@ -341,7 +357,7 @@ impl Session {
                 if self.timed_out(&id) {
                     // Its request was answered with -32093 already: one answer per request.
                     metrics.dropped("late_response");
-                    tracing::debug!(session = %self.id, request_id = echo::clip(&id), "late upstream response to a timed-out request dropped");
+                    tracing::debug!(session = %self.log.tag, request_id = echo::clip(&id), "late upstream response to a timed-out request dropped");
                     return None;
                 }
             }
@@ -369,7 +385,7 @@ impl Session {
             .and_then(|id| self.forget(id).map(|inf| (id.clone(), inf)));
         if let Some((id, inf)) = inflight {
             metrics.dropped("bad_event");
-            tracing::warn!(session = %self.id, bytes = payload.len(), request_id = echo::clip(&id), "upstream response is not valid JSON-RPC; its request is answered with -32092");
+            tracing::warn!(session = %self.log.tag, bytes = payload.len(), request_id = echo::clip(&id), "upstream response is not valid JSON-RPC; its request is answered with -32092");
             return Some(self.error_answer(
                 id,
                 &inf,
@@ -381,10 +397,10 @@ impl Session {
         }
         if let Some(id) = id.filter(|id| self.timed_out(id)) {
             metrics.dropped("late_response");
-            tracing::warn!(session = %self.id, bytes = payload.len(), request_id = echo::clip(&id), "upstream message is not valid JSON-RPC, a late response to a timed-out request; dropped");
+            tracing::warn!(session = %self.log.tag, bytes = payload.len(), request_id = echo::clip(&id), "upstream message is not valid JSON-RPC, a late response to a timed-out request; dropped");
             return None;
         }
-        tracing::warn!(session = %self.id, bytes = payload.len(), "upstream message is not a JSON-RPC object; delivered as is on the default stream");
+        tracing::warn!(session = %self.log.tag, bytes = payload.len(), "upstream message is not a JSON-RPC object; delivered as is on the default stream");
         Some(NewEvent {
             stream: self.default_stream,
             kind: Kind::Message,
@@ -451,7 +467,7 @@ impl Session {
         };
         let secs = after.as_secs();
         metrics.upstream_error("request_timeout");
-        tracing::warn!(session = %self.id, request_id = echo::clip(&id), timeout_secs = secs, "request unanswered within upstream.request_timeout_secs; answered with -32093");
+        tracing::warn!(session = %self.log.tag, request_id = echo::clip(&id), timeout_secs = secs, "request unanswered within upstream.request_timeout_secs; answered with -32093");
         let answer = self.error_answer(
             id,
             &inf,
@@ -461,7 +477,7 @@ impl Session {
             Instant::now(),
         );
         if let Err(e) = log.append_nowait(&self.log, answer).await {
-            tracing::error!(session = %self.id, error = %e, "cannot log a request's timeout answer");
+            tracing::error!(session = %self.log.tag, error = %e, "cannot log a request's timeout answer");
         }
     }
 
@@ -473,7 +489,7 @@ impl Session {
                 Ok(Some(item)) => item,
                 Ok(None) => break "stream_eof",
                 Err(e) => {
-                    tracing::warn!(session = %self.id, error = %e, "upstream stream failed");
+                    tracing::warn!(session = %self.log.tag, error = %e, "upstream stream failed");
                     break "stream_error";
                 }
             };
@@ -500,14 +516,14 @@ impl Session {
                 continue;
             }
             if let Err(e) = reg.log.append_many_nowait(&self.log, batch).await {
-                tracing::error!(session = %self.id, error = %e, "cannot log upstream event");
+                tracing::error!(session = %self.log.tag, error = %e, "cannot log upstream event");
                 drop(_gate); // `end` takes it
                 reg.end(&self, EndReason::StoreError).await;
                 return;
             }
         };
         reg.metrics.upstream_error(why);
-        tracing::warn!(session = %self.id, cause = why, "upstream session lost");
+        tracing::warn!(session = %self.log.tag, cause = why, "upstream session lost");
         reg.end(&self, EndReason::UpstreamLost).await;
     }
 
@@ -522,7 +538,7 @@ impl Session {
             UpstreamItem::Event(ev) => {
                 if ev.event.as_deref().is_some_and(|t| t != "message") {
                     metrics.dropped("non_message_event");
-                    tracing::warn!(session = %self.id, event = ?ev.event, "upstream event of unknown type ignored");
+                    tracing::warn!(session = %self.log.tag, event = ?ev.event, "upstream event of unknown type ignored");
                     return None;
                 }
                 self.route(ev.data, received, metrics)
@@ -535,7 +551,7 @@ impl Session {
                 let inflight = id
                     .as_ref()
                     .and_then(|id| self.forget(id).map(|i| (id.clone(), i)));
-                tracing::error!(session = %self.id, bytes = len, request_id = ?id.as_deref().map(echo::clip), answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
+                tracing::error!(session = %self.log.tag, bytes = len, request_id = ?id.as_deref().map(echo::clip), answered = inflight.is_some(), "upstream event over upstream.max_event_bytes dropped");
                 let (id, inf) = inflight?;
                 // Answer the request it belonged to, so the client's await resolves.
                 Some(self.error_answer(
@@ -563,16 +579,61 @@ pub struct Registry {
     live: Mutex<HashMap<SessionId, Arc<Session>>>,
     /// Sessions being opened: slots taken before their upstream connect (see [`Slot`]).
     opening: AtomicUsize,
+    /// The same, by owner. Locked only while `live` is held (lock order: `live`, then this).
+    opening_owners: Mutex<HashMap<Owner, usize>>,
 }
 
-/// A session slot taken before the upstream connect, so `sessions.max_sessions` holds however
-/// many opens run at once: live sessions plus slots never exceed it. Given back on drop — by a
-/// failed open, or by a successful one under the registry lock as its session becomes live.
-struct Slot<'a>(&'a AtomicUsize);
+/// A session slot taken before the upstream connect, so `sessions.max_sessions` (and
+/// `sessions.max_per_identity`) hold however many opens run at once: live sessions plus slots
+/// never exceed them. Given back on drop — by a failed open, or by a successful one under the
+/// registry lock as its session becomes live.
+struct Slot<'a> {
+    opening: &'a AtomicUsize,
+    owners: &'a Mutex<HashMap<Owner, usize>>,
+    owner: Owner,
+}
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
+        self.opening.fetch_sub(1, Ordering::SeqCst);
+        let mut o = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = o.get_mut(&self.owner) {
+            *n -= 1;
+            if *n == 0 {
+                o.remove(&self.owner);
+            }
+        }
+    }
+}
+
+/// The live session that has had no client the longest, among `sessions`.
+fn longest_idle<'a>(sessions: impl Iterator<Item = &'a Arc<Session>>) -> Option<Arc<Session>> {
+    sessions
+        .filter(|s| !s.is_ended())
+        .filter_map(|s| s.idle_since().map(|t| (t, s)))
+        .min_by_key(|(t, _)| *t)
+        .map(|(_, s)| s.clone())
+}
+
+/// Who holds a session, for quotas: its identity, or for an anonymous caller its address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// An identified caller.
+    Identity(Identity),
+    /// An anonymous caller, by peer address.
+    Peer(std::net::IpAddr),
+    /// Nothing known (in-process callers, tests).
+    Unknown,
+}
+
+impl Owner {
+    /// The owner of a session opened by `caller`.
+    pub fn of(identity: Option<Identity>, peer: Option<std::net::IpAddr>) -> Owner {
+        match (identity, peer) {
+            (Some(i), _) => Owner::Identity(i),
+            (None, Some(p)) => Owner::Peer(p),
+            (None, None) => Owner::Unknown,
+        }
     }
 }
 
@@ -594,6 +655,7 @@ impl Registry {
             metrics,
             live: Mutex::new(HashMap::new()),
             opening: AtomicUsize::new(0),
+            opening_owners: Mutex::new(HashMap::new()),
         })
     }
 
@@ -630,13 +692,14 @@ impl Registry {
         self: &Arc<Self>,
         facade: Facade,
         protocol_version: Option<String>,
-        identity: Option<crate::identity::Identity>,
+        identity: Option<Identity>,
+        owner: Owner,
     ) -> Result<(Arc<Session>, Attachment)> {
         if *self.log.health().borrow() != Health::Ok {
             // The log cannot take this session's events: say so now rather than lose them.
             return Err(Error::Store(StoreError::Unavailable));
         }
-        let slot = self.make_room().await?;
+        let slot = self.make_room(owner).await?;
         let (link, reader) = match upstream::connect(&self.upstream, &self.client).await {
             Ok(x) => x,
             Err(e) => {
@@ -656,6 +719,7 @@ impl Registry {
             .await?;
         let session = Arc::new(Session {
             id,
+            owner,
             facade,
             log,
             protocol_version,
@@ -676,6 +740,7 @@ impl Registry {
                 pump: None,
                 next_serial: 0,
                 timed_out: VecDeque::new(),
+                used: false,
             }),
             pump_gate: tokio::sync::Mutex::new(()),
         });
@@ -690,13 +755,15 @@ impl Registry {
         session.lock().pump = Some(pump.abort_handle());
         self.metrics.sessions_active.inc();
         self.metrics.session_started(facade);
-        tracing::info!(session = %id, facade = facade.as_str(), upstream = %session.link.post_uri(), "session started");
+        // The upstream's message URL carries the upstream's own session id: debug only.
+        tracing::info!(session = %session.log.tag, facade = facade.as_str(), bound = session.log.identity.is_some(), "session started");
+        tracing::debug!(session = %id, upstream = %session.link.post_uri(), "session started");
         Ok((session, hold))
     }
 
     /// Takes a session slot, first making room: ended logs evicted for space, and when
     /// `sessions.max_sessions` are live or being opened, the session idle the longest is ended.
-    async fn make_room(&self) -> Result<Slot<'_>> {
+    async fn make_room(&self, owner: Owner) -> Result<Slot<'_>> {
         // New sessions are admitted while the log holds at most 90% of its bound, so the ones
         // already live keep their retained history (the log trims live sessions only to hold the
         // bound itself). Ended sessions' logs are evicted first to make that room.
@@ -711,33 +778,63 @@ impl Registry {
             }
         }
         let max = self.cfg.sessions.max_sessions;
+        let per_owner = self.cfg.sessions.max_per_identity;
         let victim = {
             // Counting and taking under one lock: concurrent opens cannot all see the last slot.
             let mut live = self.lock();
-            let victim = if live.len() + self.opening.load(Ordering::SeqCst) < max {
+            let mut owners = self
+                .opening_owners
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let held = live
+                .values()
+                .filter(|s| s.owner == owner && !s.is_ended())
+                .count()
+                + owners.get(&owner).copied().unwrap_or(0);
+            let victim = if held >= per_owner && owner != Owner::Unknown {
+                // The owner is at its quota: only its own longest-idle session can make room.
+                let Some(v) = longest_idle(live.values().filter(|s| s.owner == owner)) else {
+                    return Err(Error::Capacity(format!(
+                        "{held} live sessions of this caller, all with clients attached (sessions.max_per_identity)"
+                    )));
+                };
+                Some(v)
+            } else if live.len() + self.opening.load(Ordering::SeqCst) < max {
                 None
             } else {
-                // Evict the session that has had no client the longest. Its slot passes to this
-                // open here, under the lock, so no concurrent open can count it as free too.
-                let victim = live
-                    .values()
-                    .filter(|s| !s.is_ended())
-                    .filter_map(|s| s.idle_since().map(|t| (t, s.clone())))
-                    .min_by_key(|(t, _)| *t)
-                    .map(|(_, s)| s);
-                let Some(victim) = victim else {
+                // Full: evict from the owner holding the most sessions, its longest-idle one, so
+                // that one caller's flood cannot evict everyone else's idle sessions. Its slot
+                // passes to this open here, under the lock, so no concurrent open counts it too.
+                let mut counts: HashMap<Owner, usize> = HashMap::new();
+                for s in live.values().filter(|s| !s.is_ended()) {
+                    *counts.entry(s.owner).or_default() += 1;
+                }
+                let mut by_weight: Vec<(usize, Owner)> =
+                    counts.into_iter().map(|(o, n)| (n, o)).collect();
+                by_weight.sort_by_key(|w| std::cmp::Reverse(w.0));
+                let v = by_weight
+                    .iter()
+                    .find_map(|(_, o)| longest_idle(live.values().filter(|s| s.owner == *o)));
+                let Some(v) = v else {
                     return Err(Error::Capacity(format!(
                         "{} live sessions, all with clients attached (sessions.max_sessions)",
                         live.len()
                     )));
                 };
-                live.remove(&victim.id);
-                Some(victim)
+                Some(v)
             };
+            if let Some(v) = &victim {
+                live.remove(&v.id);
+            }
             self.opening.fetch_add(1, Ordering::SeqCst);
+            *owners.entry(owner).or_default() += 1;
             victim
         };
-        let slot = Slot(&self.opening);
+        let slot = Slot {
+            opening: &self.opening,
+            owners: &self.opening_owners,
+            owner,
+        };
         if let Some(s) = victim {
             // Done (its gauge decremented) before this open connects upstream.
             self.end(&s, EndReason::Evicted).await;
@@ -800,7 +897,7 @@ impl Registry {
         };
         while let Some(id) = failures.recv().await {
             let Some(s) = self.live(&id) else { continue };
-            tracing::error!(session = %id, "events of this session could not be logged; ending it (store_error)");
+            tracing::error!(session = %s.log.tag, "events of this session could not be logged; ending it (store_error)");
             let reg = self.clone();
             tokio::spawn(async move { reg.end(&s, EndReason::StoreError).await });
         }
@@ -819,6 +916,7 @@ impl Registry {
     /// itself evicts ended logs while it is over `log.max_total_bytes`).
     pub async fn janitor(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         let idle_ttl = Duration::from_secs(self.cfg.sessions.idle_ttl_secs);
+        let unused_ttl = Duration::from_secs(self.cfg.sessions.unused_ttl_secs);
         let retain = self.cfg.sessions.retain_ended_secs;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -830,11 +928,19 @@ impl Registry {
             let idle: Vec<_> = self
                 .lock()
                 .values()
-                .filter(|s| s.idle_since().is_some_and(|t| t.elapsed() >= idle_ttl))
-                .cloned()
+                .filter_map(|s| {
+                    let ttl = if s.used() { idle_ttl } else { unused_ttl };
+                    s.idle_since()
+                        .is_some_and(|t| t.elapsed() >= ttl)
+                        .then(|| (s.clone(), s.used()))
+                })
                 .collect();
-            for s in idle {
-                tracing::info!(session = %s.id, "no client attached for sessions.idle_ttl_secs");
+            for (s, used) in idle {
+                if used {
+                    tracing::info!(session = %s.log.tag, "no client attached for sessions.idle_ttl_secs");
+                } else {
+                    tracing::info!(session = %s.log.tag, "never used and no client attached for sessions.unused_ttl_secs");
+                }
                 self.end(&s, EndReason::IdleTimeout).await;
             }
             let now = crate::log::unix_now();
@@ -886,16 +992,16 @@ pub async fn end_log(
             Kind::Message
         };
         let mut ev = NewEvent::new(stream, kind, Bytes::from(body));
-        tracing::warn!(session = %sl.id, request_id = %req_id, reason = reason.as_str(), "in-flight request aborted");
+        tracing::warn!(session = %sl.tag, request_id = crate::echo::clip(&req_id), reason = reason.as_str(), "in-flight request aborted");
         ev.completes = Some(req_id);
         evs.push(ev);
     }
     metrics.inflight_aborted.inc_by(evs.len() as u64);
     metrics.session_ended(reason);
     match log.end(sl, reason, evs).await {
-        Ok(()) => tracing::info!(session = %sl.id, reason = reason.as_str(), "session ended"),
+        Ok(()) => tracing::info!(session = %sl.tag, reason = reason.as_str(), "session ended"),
         Err(e) => {
-            tracing::error!(session = %sl.id, reason = reason.as_str(), error = %e, "the end of a session is not logged yet (the log retries it)")
+            tracing::error!(session = %sl.tag, reason = reason.as_str(), error = %e, "the end of a session is not logged yet (the log retries it)")
         }
     }
 }

@@ -161,10 +161,10 @@ async fn run(mut spec: StreamSpec, mut env: StreamEnv, tx: mpsc::Sender<Bytes>) 
     match end {
         End::Gap { wanted, got } => {
             env.metrics.dropped("reader_trimmed");
-            tracing::warn!(session = %spec.log.id, wanted, got, "client fell behind retention; stream closed so its resume is refused, never skipped");
+            tracing::warn!(session = %spec.log.tag, wanted, got, "client fell behind retention; stream closed so its resume is refused, never skipped");
         }
         ref other => {
-            tracing::debug!(session = %spec.log.id, end = ?other, "client stream ended");
+            tracing::debug!(session = %spec.log.tag, end = ?other, "client stream ended");
         }
     }
 }
@@ -189,7 +189,7 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
         let batch = match env.log.read_after(&spec.log, spec.after, READ_BATCH) {
             Ok(b) => b,
             Err(e) => {
-                tracing::error!(session = %spec.log.id, error = %e, "log read failed");
+                tracing::error!(session = %spec.log.tag, error = %e, "log read failed");
                 return End::Store;
             }
         };

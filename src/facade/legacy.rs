@@ -54,7 +54,11 @@ fn endpoint_frame(ctx: &Ctx, id: &SessionId) -> Bytes {
 
 async fn open(ctx: &Arc<Ctx>, caller: &Caller) -> Resp {
     // `_hold` keeps the session from counting as idle until the stream below is attached.
-    let (session, _hold) = match ctx.reg.open(Facade::Legacy, None, caller.identity).await {
+    let (session, _hold) = match ctx
+        .reg
+        .open(Facade::Legacy, None, caller.identity, caller.owner())
+        .await
+    {
         Ok(s) => s,
         Err(e) => return error_response(&e, None),
     };
@@ -105,7 +109,11 @@ async fn resume(ctx: &Arc<Ctx>, caller: &Caller, last_event_id: &str) -> Resp {
         return error_response(&Error::UnknownSession, None);
     }
     m.resume(Facade::Legacy);
-    tracing::info!(session = %sl.id, last_event_id = echo::clip(last_event_id), head = ranges.head, "legacy resume served");
+    tracing::info!(session = %sl.tag, after, head = ranges.head, "legacy resume served");
+    tracing::debug!(
+        last_event_id = echo::clip(last_event_id),
+        "legacy resume served"
+    );
     let attachment = ctx
         .reg
         .live(&cursor.session)
@@ -148,6 +156,17 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     let Some(id) = SessionId::parse(raw) else {
         return error_response(&Error::BadRequest("invalid session_id".into()), None);
     };
+    // A web page can POST `text/plain` cross-origin without a preflight; a JSON-RPC message
+    // must say it is JSON.
+    if !super::is_json_content(req.headers()) {
+        return json_error(
+            415,
+            None,
+            -32600,
+            "Unsupported Media Type: Content-Type must be application/json",
+            serde_json::json!({"reason": "unsupported_media_type"}),
+        );
+    }
     let caller = match ctx.caller(&req) {
         Ok(c) => c,
         Err(r) => return *r,

@@ -32,7 +32,11 @@ pub struct Ctx {
     pub reg: Arc<Registry>,
     /// Client stream environment.
     pub env: StreamEnv,
-    /// The 2026-07-28 face.
+    /// Allowed origins, normalised (`listen.allowed_origins` and its old alias).
+    origins: Vec<String>,
+    /// Allowed hosts, lowercase (`listen.allowed_hosts`; empty: any).
+    hosts: Vec<String>,
+    /// The 2026-07-28 face (its janitor is the caller's to spawn: [`crate::modern::Modern::janitor`]).
     pub modern: Arc<crate::modern::Modern>,
 }
 
@@ -53,7 +57,103 @@ pub struct Caller {
     pub peer: Option<std::net::IpAddr>,
 }
 
+impl Caller {
+    /// Who holds the sessions it opens, for quotas.
+    pub fn owner(&self) -> crate::session::Owner {
+        crate::session::Owner::of(self.identity, self.peer)
+    }
+}
+
 impl Ctx {
+    /// The handlers' context.
+    pub fn new(cfg: Arc<Config>, reg: Arc<Registry>, env: StreamEnv) -> Self {
+        let origins = cfg
+            .listen
+            .allowed_origins
+            .iter()
+            .chain(&cfg.streamable.allowed_origins)
+            .filter_map(|o| crate::config::parse_origin(o).ok())
+            .collect();
+        let hosts = cfg
+            .listen
+            .allowed_hosts
+            .iter()
+            .map(|h| h.to_ascii_lowercase())
+            .collect();
+        let modern = crate::modern::Modern::new(
+            cfg.clone(),
+            reg.log.clone(),
+            reg.metrics.clone(),
+            env.drain.clone(),
+        );
+        Self {
+            cfg,
+            reg,
+            env,
+            origins,
+            hosts,
+            modern,
+        }
+    }
+
+    /// The checks every request to either face passes first: a browser's `Origin` must be
+    /// allowed (403 `origin_not_allowed`), and, when `listen.allowed_hosts` is set, so must `Host`
+    /// (403 `host_not_allowed`: a DNS-rebinding page names its own host).
+    pub fn gate<B>(&self, req: &http::Request<B>) -> Result<(), Box<Resp>> {
+        let h = req.headers();
+        if let Some(origin) = h.get(header::ORIGIN) {
+            // No implicit same-host rule: the proxy serves no pages, and a DNS-rebinding page's
+            // Origin and Host agree.
+            let allowed = origin
+                .to_str()
+                .ok()
+                .and_then(|o| crate::config::parse_origin(o.trim()).ok())
+                .is_some_and(|o| self.origins.contains(&o));
+            if !allowed {
+                let o = String::from_utf8_lossy(origin.as_bytes());
+                tracing::warn!(
+                    origin = echo::clip(&o),
+                    "request from a foreign Origin refused"
+                );
+                return Err(Box::new(json_error(
+                    403,
+                    None,
+                    -32000,
+                    "Forbidden: Origin not allowed",
+                    serde_json::json!({"reason": "origin_not_allowed", "origin": echo::clip(&o)}),
+                )));
+            }
+        }
+        if !self.hosts.is_empty() {
+            let host = h
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .or_else(|| req.uri().authority().map(|a| a.as_str()))
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            // The host without its port (an allowed entry without a port matches any port).
+            let bare = match host.rsplit_once(':') {
+                Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty() => h,
+                _ => host.as_str(),
+            };
+            let ok = self.hosts.iter().any(|a| *a == host || *a == bare);
+            if !ok {
+                tracing::warn!(
+                    host = echo::clip(&host),
+                    "request for a host not in listen.allowed_hosts refused"
+                );
+                return Err(Box::new(json_error(
+                    403,
+                    None,
+                    -32000,
+                    "Forbidden: Host not allowed",
+                    serde_json::json!({"reason": "host_not_allowed"}),
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The caller of a request: the keyed identity of its identity headers and client
     /// certificate. `Err` is the 401 answer when `auth.require_identity` is set and it has none.
     pub fn caller<B>(&self, req: &http::Request<B>) -> Result<Caller, Box<Resp>> {
@@ -105,6 +205,14 @@ impl Ctx {
         }
         ok
     }
+}
+
+/// Does `Content-Type` say `application/json` (parameters allowed)?
+pub fn is_json_content(h: &http::HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// Largest client message body accepted, in bytes.
@@ -213,12 +321,20 @@ pub fn refusal(
         }
         (_, None) => format!("resume_gap: cursor {last_event_id} is not contiguous with the log"),
     };
+    // Ids and cursors are bearer material: the warn line names the session by its keyed tag
+    // (when this proxy holds it) and positions only; the ids go to debug.
     tracing::warn!(
+        reason = reason.as_str(),
+        session = ?log.map(|(_, l)| l.tag),
+        cursor_seq = Cursor::parse(last_event_id).map(|c| c.seq),
+        log_head = ?ranges.as_ref().map(|r| r.head),
+        oldest_retained = ?ranges.as_ref().map(|r| r.oldest),
+        "resume refused"
+    );
+    tracing::debug!(
         reason = reason.as_str(),
         session = ?session.map(|s| s.to_string()),
         last_event_id,
-        log_head = ?head_id,
-        oldest_retained = ?oldest_id,
         "resume refused"
     );
     json_error(

@@ -27,7 +27,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    error_response, json_error, plain, read_client_body, refusal, sse_response, Caller, Ctx, Resp,
+    error_response, is_json_content, json_error, plain, read_client_body, refusal, sse_response,
+    Caller, Ctx, Resp,
 };
 use crate::domain::{EndReason, Facade};
 use crate::echo;
@@ -58,20 +59,6 @@ const VERSION_HEADER: &str = "mcp-protocol-version";
 
 /// Serves one request to the MCP endpoint.
 pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
-    if let Some(origin) = req.headers().get(header::ORIGIN) {
-        if !origin_allowed(ctx, origin) {
-            let origin = String::from_utf8_lossy(origin.as_bytes());
-            let origin = echo::clip(&origin);
-            tracing::warn!(origin, "streamable request from a foreign Origin refused");
-            return json_error(
-                403,
-                None,
-                -32000,
-                "Forbidden: Origin not allowed",
-                json!({"reason": "origin_not_allowed", "origin": origin}),
-            );
-        }
-    }
     let caller = match ctx.caller(&req) {
         Ok(c) => c,
         Err(r) => return *r,
@@ -97,20 +84,6 @@ pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     }
 }
 
-/// Allowed: exactly one of `streamable.allowed_origins` (ASCII case-insensitive). No implicit
-/// same-host rule: the proxy serves no pages, and matching against `Host` would let a
-/// DNS-rebinding page (whose `Origin` and `Host` agree) through.
-fn origin_allowed(ctx: &Ctx, origin: &HeaderValue) -> bool {
-    let Ok(o) = origin.to_str() else {
-        return false;
-    };
-    ctx.cfg
-        .streamable
-        .allowed_origins
-        .iter()
-        .any(|a| a.eq_ignore_ascii_case(o.trim()))
-}
-
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"))
 }
@@ -133,12 +106,6 @@ fn accepts(h: &HeaderMap, want: &str) -> bool {
             });
             !refused && (mr == want || mr == "*/*" || mr == format!("{main}/*"))
         })
-}
-
-fn is_json_content(h: &HeaderMap) -> bool {
-    header(h, header::CONTENT_TYPE.as_str())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// An early answer (an error status) instead of a value; boxed, it is large.
@@ -396,13 +363,18 @@ async fn initialize(
     // forwarded, until its POST stream is attached.
     let (session, _hold) = match ctx
         .reg
-        .open(Facade::Streamable, Some(requested.clone()), caller.identity)
+        .open(
+            Facade::Streamable,
+            Some(requested.clone()),
+            caller.identity,
+            caller.owner(),
+        )
         .await
     {
         Ok(s) => s,
         Err(e) => return error_response(&e, msg.peek.id.as_deref()),
     };
-    tracing::info!(session = %session.id, protocol_version = echo::clip(&requested), "streamable session initialized");
+    tracing::info!(session = %session.log.tag, protocol_version = echo::clip(&requested), "streamable session initialized");
     let version = header_version.unwrap_or(requested);
     let resp = answer(ctx, &session, vec![msg], &version, true).await;
     if !resp.status().is_success() {
@@ -460,7 +432,7 @@ async fn answer(
             let mut ev = NewEvent::new(tag, Kind::Final, Bytes::from(body));
             ev.completes = Some(id.to_string());
             if let Err(e) = reg.log.append(&session.log, ev).await {
-                tracing::error!(session = %session.id, error = %e, "cannot log a batch member's error");
+                tracing::error!(session = %session.log.tag, error = %e, "cannot log a batch member's error");
             }
         }
     }
@@ -503,17 +475,28 @@ async fn get(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     };
     match header(h, "last-event-id") {
         Some(lei) => resume(ctx, caller, sid.trim(), lei, version.as_deref()).await,
-        None => standalone(ctx, caller, h),
+        None => standalone(ctx, caller, h, version.as_deref()).await,
     }
 }
 
 /// A plain `GET`: the standalone stream, continuing after what earlier connections delivered.
-fn standalone(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
+async fn standalone(
+    ctx: &Arc<Ctx>,
+    caller: &Caller,
+    h: &HeaderMap,
+    header_version: Option<&str>,
+) -> Resp {
     let session = match live_session(ctx, caller, h) {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    let Some(attachment) = session.attach(StreamTag::STANDALONE, true) else {
+    // A session bound to an identity is taken over by a plain GET of that identity (the old
+    // connection is usually half-open after a network cut, and its owner must not be locked
+    // out). A bearer session keeps one connection (409): whoever knows its id is no proof of
+    // being the same client.
+    let takeover = session.log.identity.is_some();
+    let Some(attachment) = session.attach(StreamTag::STANDALONE, !takeover) else {
+        tracing::debug!(session = %session.log.tag, reason = "stream_active", "409: the standalone stream of a bearer session already has a connection");
         return json_error(
             409,
             None,
@@ -522,9 +505,19 @@ fn standalone(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
             json!({"reason": "stream_active"}),
         );
     };
+    let after = session.position(StreamTag::STANDALONE);
+    let version = effective_version(header_version, &session);
+    if at_least(&version, PRIMING_SINCE) {
+        // A logged priming event: the client holds a cursor from the start, so a cut of this
+        // connection is resumed (Last-Event-ID) rather than followed by a plain GET.
+        let priming = NewEvent::new(StreamTag::STANDALONE, Kind::Priming, Bytes::new());
+        if let Err(e) = ctx.reg.log.append(&session.log, priming).await {
+            return error_response(&e, None);
+        }
+    }
     let spec = StreamSpec {
         log: session.log.clone(),
-        after: session.position(StreamTag::STANDALONE),
+        after,
         filter: Filter::Stream(StreamTag::STANDALONE),
         preamble: Vec::new(),
         replay_until: 0,
@@ -674,8 +667,8 @@ async fn resume(
     }
     m.resume(Facade::Streamable);
     tracing::info!(
-        session = %sl.id,
-        last_event_id = echo::clip(last_event_id),
+        session = %sl.tag,
+        after,
         stream = tag.0,
         head = ranges.head,
         responses = owed.responses,
@@ -712,7 +705,7 @@ async fn delete(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
         Ok(s) => s,
         Err(r) => return *r,
     };
-    tracing::info!(session = %session.id, "streamable session deleted by its client");
+    tracing::info!(session = %session.log.tag, "streamable session deleted by its client");
     ctx.reg.end(&session, EndReason::ClientDelete).await;
     plain(200, "text/plain", Bytes::new())
 }

@@ -467,7 +467,7 @@ impl SessionLog {
                 match image::read_chunk_at(&c.seg, &c.entry()) {
                     Ok(evs) => evs.iter().map(|e| e.payload.len() as u64).collect(),
                     Err(e) => {
-                        tracing::error!(session = %self.id, error = %e, "cannot read a chunk to trim it");
+                        tracing::error!(session = %self.tag, error = %e, "cannot read a chunk to trim it");
                         break;
                     }
                 }

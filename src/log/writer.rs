@@ -808,7 +808,7 @@ impl Writer {
                 // After a lost append nothing more is logged for the session: later events under
                 // contiguous ids would hide the lost ones.
                 if !log.takes_appends() {
-                    tracing::debug!(session = %log.id, events = evs.len(), "append after the session's end or a lost append refused");
+                    tracing::debug!(session = %log.tag, events = evs.len(), "append after the session's end or a lost append refused");
                     if let Some(d) = done {
                         let _ = d.send(Err(StoreError::SessionEnded));
                     }
@@ -1275,7 +1275,7 @@ impl Writer {
             let (n, b, _) = log.size();
             // Aim a little below: whole chunks free record bytes in steps.
             let want_b = b.saturating_sub(over + max / 20).max(1);
-            tracing::warn!(session = %log.id, bytes = b, over, "log over log.max_total_bytes: trimming the largest live session");
+            tracing::warn!(session = %log.tag, bytes = b, over, "log over log.max_total_bytes: trimming the largest live session");
             if !self.trim_session(&log, n.max(2) - 1, want_b) {
                 break;
             }
@@ -1300,7 +1300,7 @@ impl Writer {
             if self.store.retained.load(Ordering::Relaxed) <= target {
                 break;
             }
-            tracing::info!(session = %log.id, bytes = log.bytes(), "evicting an ended session's log for space");
+            tracing::info!(session = %log.tag, bytes = log.bytes(), "evicting an ended session's log for space");
             self.remove_now(&log.id);
             self.st.internal.push(Internal::Remove(log.id));
         }

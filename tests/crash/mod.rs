@@ -331,7 +331,10 @@ impl Run {
             // ioctl; docs/crash.md). A real power loss leaves no process to act on such a sync.
             ctx.aborted.store(true, Ordering::SeqCst);
             if self.profile.fault == Fault::Power {
-                proxy.freeze();
+                assert!(
+                    proxy.freeze(),
+                    "crash harness: the proxy's threads did not all stop within 5 s of SIGSTOP"
+                );
                 image
                     .abort()
                     .unwrap_or_else(|e| panic!("crash harness: abort failed: {e}"));

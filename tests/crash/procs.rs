@@ -122,14 +122,26 @@ impl Proc {
         Proc { child: Some(child) }
     }
 
-    /// SIGSTOP: the process stops where it is; nothing it has not sent yet reaches a client.
-    pub fn freeze(&self) {
-        if let Some(c) = &self.child {
-            let _ = Command::new("kill")
-                .arg("-STOP")
-                .arg(c.id().to_string())
-                .status();
+    /// SIGSTOP, and waits until every thread has stopped: the process stops where it is, and
+    /// nothing it has not sent yet reaches a client. (`kill` returns before the threads stop: a
+    /// thread running on the other core, or finishing a system call, goes on for a moment — long
+    /// enough, measured, to see the abort's EIO, or to publish a sync that completed after it.)
+    /// Returns whether all threads were seen stopped within 5 s.
+    pub fn freeze(&self) -> bool {
+        let Some(c) = &self.child else { return true };
+        let pid = c.id();
+        let _ = Command::new("kill")
+            .arg("-STOP")
+            .arg(pid.to_string())
+            .status();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while std::time::Instant::now() < deadline {
+            if all_threads_stopped(pid) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_micros(200));
         }
+        false
     }
 
     /// SIGKILL and reap. Returns the exit status when the process had already exited on its own
@@ -257,4 +269,20 @@ pub fn port() -> u16 {
             return p;
         }
     }
+}
+
+/// Are all threads of `pid` stopped (state `T` or `t` in `/proc/PID/task/*/stat`)? An exited
+/// process counts as stopped.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return true;
+    };
+    tasks.flatten().all(|t| {
+        std::fs::read_to_string(t.path().join("stat")).map_or(true, |stat| {
+            // `pid (comm) S ...`: the state follows the last ')'.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|st| st == "T" || st == "t" || st == "Z" || st == "X")
+        })
+    })
 }
