@@ -895,10 +895,15 @@ impl Registry {
         let Some(mut failures) = self.log.take_failures() else {
             return;
         };
+        // Weak: this task must not keep the registry (and through it the log and its directory
+        // lock) alive after the proxy stopped; the channel ends when the log goes.
+        let me = Arc::downgrade(&self);
+        drop(self);
         while let Some(id) = failures.recv().await {
-            let Some(s) = self.live(&id) else { continue };
+            let Some(this) = me.upgrade() else { return };
+            let Some(s) = this.live(&id) else { continue };
             tracing::error!(session = %s.log.tag, "events of this session could not be logged; ending it (store_error)");
-            let reg = self.clone();
+            let reg = this.clone();
             tokio::spawn(async move { reg.end(&s, EndReason::StoreError).await });
         }
     }

@@ -172,17 +172,17 @@ async fn tasks_expire_after_their_ttl() {
     let dir = tempfile::tempdir().unwrap();
     let proxy = start_in_process(&up.sse_url(), dir.path(), |c| {
         c.tasks.mode = mcp_resume_proxy::modern::tasks::TaskMode::Always;
-        c.tasks.ttl_secs = 2;
+        c.tasks.ttl_secs = 8;
     })
     .await;
     let url = format!("http://{}/mcp", proxy.addr);
     let done = client(&url, s(&["settle", "echo", r#"{"text":"t"}"#]), "alice").await;
     assert_eq!(done["kind"], "task", "mode always: {done}");
-    assert_eq!(done["lastTask"]["ttlMs"], json!(2000), "{done}");
+    assert_eq!(done["lastTask"]["ttlMs"], json!(8000), "{done}");
     let id = done["taskId"].as_str().unwrap().to_string();
     let snap = client(&url, s(&["snapshot", &id]), "alice").await;
     assert_eq!(snap["status"], "completed", "{snap}");
-    tokio::time::sleep(Duration::from_millis(3500)).await;
+    tokio::time::sleep(Duration::from_millis(8500)).await;
     let gone = client(&url, s(&["snapshot", &id]), "alice").await;
     assert_eq!(gone["error"]["code"], -32602, "{gone}");
     // The janitor removes it within a second or so of its expiry.

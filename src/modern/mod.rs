@@ -177,12 +177,13 @@ impl Modern {
             self.tasks.expire().await;
         }
         // Shutdown: listens end gracefully, parked calls are let go, upstream sessions close
-        // (requests in flight get their -32091 answer).
+        // (requests in flight get their -32091 answer; live tasks log it as their outcome).
         self.hub.close_all();
         for p in self.mrtr.drain() {
             release_parked(p).await;
         }
         self.pool.close_all();
+        self.tasks.wait_idle(Duration::from_secs(2)).await;
     }
 }
 

@@ -555,6 +555,15 @@ impl Tasks {
         true
     }
 
+    /// Waits (at most `limit`) until no task runs in this process: on shutdown, after the pool
+    /// closed, each live task logs its -32091 outcome before the log is closed.
+    pub async fn wait_idle(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.lock().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Cancels and removes the tasks past their TTL.
     pub async fn expire(&self) {
         let now = now_ms();
