@@ -382,3 +382,88 @@ async fn streams_progress_cancel_pool_and_loss() {
     assert_eq!(last["error"]["code"], -32091, "{last}");
     proxy.stop().await;
 }
+
+/// `notifications/tasks` reach a listen subscribed to the task, tagged with its subscription id,
+/// after the acknowledgement; a listen asking for tasks without declaring the extension is 400
+/// `-32021`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_notifications_on_a_listen_stream() {
+    let up = tokio::task::spawn_blocking(fastmcp_modern).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_in_process(&up.sse_url(), dir.path(), |c| {
+        c.tasks.mode = mcp_resume_proxy::modern::tasks::TaskMode::Always;
+    })
+    .await;
+    let a = proxy.addr;
+    let tasks = json!({"io.modelcontextprotocol/clientCapabilities": {
+        "extensions": {"io.modelcontextprotocol/tasks": {}}}});
+    let call = req(
+        json!(1),
+        "tools/call",
+        json!({"name": "slow", "arguments": {"seconds": 1}}),
+        tasks.clone(),
+    );
+    let v = modern(a, &call, &[]).await.json().await;
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    assert_eq!(v["result"]["status"], "working");
+    let task = v["result"]["taskId"].as_str().unwrap().to_string();
+
+    let no_ext = req(
+        json!("listen:0"),
+        "subscriptions/listen",
+        json!({"notifications": {"taskIds": [task]}}),
+        json!({}),
+    );
+    let r = modern(a, &no_ext, &[]).await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json().await["error"]["code"], -32021);
+
+    let listen = req(
+        json!("listen:1"),
+        "subscriptions/listen",
+        json!({"notifications": {"taskIds": [task], "toolsListChanged": true}}),
+        tasks,
+    );
+    let mut sse = modern(a, &listen, &[]).await.sse();
+    let ack = sse.next().await.expect("ack").json();
+    assert_eq!(
+        ack["method"], "notifications/subscriptions/acknowledged",
+        "{ack}"
+    );
+    assert_eq!(
+        ack["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "listen:1"
+    );
+    assert_eq!(ack["params"]["notifications"]["taskIds"], json!([task]));
+    let done = loop {
+        let ev = tokio::time::timeout(Duration::from_secs(20), sse.next())
+            .await
+            .expect("task notifications within 20 s")
+            .expect("stream open");
+        if ev.data.is_empty() {
+            continue;
+        }
+        let n = ev.json();
+        assert_eq!(n["method"], "notifications/tasks", "{n}");
+        assert_eq!(
+            n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+            "listen:1"
+        );
+        assert_eq!(n["params"]["taskId"], task.as_str());
+        if n["params"]["status"] != "working" {
+            break n;
+        }
+        assert!(
+            n["params"]["statusMessage"]
+                .as_str()
+                .unwrap_or("")
+                .contains("step"),
+            "{n}"
+        );
+    };
+    assert_eq!(done["params"]["status"], "completed", "{done}");
+    assert_eq!(done["params"]["result"]["content"][0]["text"], "slept 1");
+    assert_eq!(done["params"]["result"]["resultType"], "complete");
+    sse.cut();
+    proxy.stop().await;
+}

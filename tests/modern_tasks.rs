@@ -196,5 +196,13 @@ async fn tasks_expire_after_their_ttl() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(expired, 1.0);
+    // An upstream elicitation inside a task: input_required, answered by tasks/update.
+    let asked = client(&url, s(&["settle", "ask", r#"{"question":"q?"}"#]), "alice").await;
+    assert_eq!(asked["kind"], "task", "{asked}");
+    assert_eq!(asked["outcome"]["status"], "completed", "{asked}");
+    assert_eq!(
+        asked["outcome"]["result"]["content"][0]["text"], "answer: from tasks",
+        "{asked}"
+    );
     proxy.stop().await;
 }

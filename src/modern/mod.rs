@@ -684,6 +684,8 @@ impl Modern {
                 }
             }
         };
+        // `upstream.request_timeout_secs`, per client request (a retry starts it anew).
+        let timeout_at = self.cfg.request_timeout().map(|d| started + d);
         loop {
             let task_at = task_after.map(|d| started + d);
             tokio::select! {
@@ -752,6 +754,14 @@ impl Modern {
                             task_after = None;
                         }
                     }
+                }
+                _ = async { tokio::time::sleep_until(timeout_at.expect("guarded")).await }, if timeout_at.is_some() => {
+                    // Dropped unfinished: the upstream call is cancelled.
+                    drop(call);
+                    let secs = self.cfg.upstream.request_timeout_secs;
+                    return Ended::Answer(error_msg(&inb.id, crate::jsonrpc::REQUEST_TIMEOUT,
+                        &format!("upstream did not answer within {secs} s (upstream.request_timeout_secs)"),
+                        Some(json!({"reason": "request_timeout", "timeout_secs": secs}))));
                 }
                 _ = keepalive.tick(), if sink.is_some() => {
                     if let Some(s) = &sink {
