@@ -184,6 +184,13 @@ async fn ladder_and_era_selection() {
     let (s, body) = call(echo, h).await;
     assert_eq!(s, 200, "{body}");
     assert_eq!(body["result"]["content"][0]["text"], "x");
+    // Media types, as on the sessionful face.
+    let mut h = base("tools/list");
+    h[0].1 = "text/plain".into();
+    refusal(415, -32600)(call(list.clone(), h).await);
+    let mut h = base("tools/list");
+    h[1].1 = "text/html".into();
+    refusal(406, -32600)(call(list.clone(), h).await);
     // A notification POST without Mcp-Method (the TS listen teardown): 202.
     let note = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
         "params": {"requestId": "listen:0", "_meta": envelope(json!({}))}});

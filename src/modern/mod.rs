@@ -251,6 +251,13 @@ pub async fn select(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> 
     if !claims && hv.as_deref() != Some(MODERN_VERSION) {
         return Era::Legacy(Request::from_parts(parts, Either::Right(Full::new(body))));
     }
+    if let Some(r) = wire::media_refusal(&parts.headers) {
+        let id = parsed
+            .ok()
+            .and_then(|v| v.get("id").cloned())
+            .unwrap_or(Value::Null);
+        return Era::Modern(refusal_resp(&id, r));
+    }
     Era::Modern(
         ctx.modern
             .post(caller, &parts.headers, hv.as_deref(), parsed)

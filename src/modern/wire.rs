@@ -166,6 +166,48 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// The media checks the sessionful face also makes: `Content-Type: application/json` (else 415),
+/// and an `Accept`, when present, that admits JSON or SSE (else 406).
+pub fn media_refusal(h: &http::HeaderMap) -> Option<Refusal> {
+    let json_body = header(h, "content-type")
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
+    if !json_body {
+        return Some(Refusal::new(
+            415,
+            -32600,
+            "Unsupported Media Type: Content-Type must be application/json",
+        ));
+    }
+    let accept: Vec<String> = h
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|r| {
+            r.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .collect();
+    let ok = accept.is_empty()
+        || accept.iter().any(|m| {
+            matches!(
+                m.as_str(),
+                "application/json" | "text/event-stream" | "*/*" | "application/*" | "text/*"
+            )
+        });
+    (!ok).then(|| {
+        Refusal::new(
+            406,
+            -32600,
+            "Not Acceptable: Accept must list application/json and text/event-stream",
+        )
+    })
+}
+
 /// Runs the ladder over a modern POST. `Err` carries the id to answer with and the refusal.
 pub fn validate(
     h: &http::HeaderMap,
