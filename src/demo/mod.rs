@@ -227,7 +227,7 @@ async fn modern(
 }
 
 fn task_line(t: &Value) -> String {
-    let mut s = format!("{}", t["status"].as_str().unwrap_or("?"));
+    let mut s = t["status"].as_str().unwrap_or("?").to_string();
     if let Some(m) = t["statusMessage"].as_str() {
         s.push_str(&format!(" — {m}"));
     }
