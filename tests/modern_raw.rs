@@ -474,3 +474,66 @@ async fn task_notifications_on_a_listen_stream() {
     sse.cut();
     proxy.stop().await;
 }
+
+/// `resourceSubscriptions` on a listen (server-everything supports `resources/subscribe`): the
+/// proxy subscribes on the upstream session the listen pins, and the upstream's
+/// `notifications/resources/updated` for that URI reaches the listen, tagged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_updates_on_a_listen_stream() {
+    let up = everything().await;
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
+    let a = proxy.addr;
+    let uri = "demo://resource/static/document/architecture.md";
+    let d = modern(
+        a,
+        &req(json!(1), "server/discover", json!({}), json!({})),
+        &[],
+    )
+    .await
+    .json()
+    .await;
+    assert_eq!(
+        d["result"]["capabilities"]["resources"]["subscribe"], true,
+        "{d}"
+    );
+    let listen = req(
+        json!("l"),
+        "subscriptions/listen",
+        json!({"notifications": {"resourceSubscriptions": [uri, "other://x"]}}),
+        json!({}),
+    );
+    let mut sse = modern(a, &listen, &[]).await.sse();
+    let ack = sse.next().await.expect("ack").json();
+    assert_eq!(
+        ack["params"]["notifications"]["resourceSubscriptions"],
+        json!([uri, "other://x"]),
+        "{ack}"
+    );
+    // server-everything sends updates for the subscribed URIs of the session that asks for them.
+    let toggle = req(
+        json!(2),
+        "tools/call",
+        json!({"name": "toggle-subscriber-updates", "arguments": {}}),
+        json!({}),
+    );
+    let v = modern(a, &toggle, &[]).await.json().await;
+    assert!(v.get("result").is_some(), "{v}");
+    let n = loop {
+        let ev = tokio::time::timeout(Duration::from_secs(15), sse.next())
+            .await
+            .expect("an update within 15 s")
+            .expect("stream open");
+        if !ev.data.is_empty() {
+            break ev.json();
+        }
+    };
+    assert_eq!(n["method"], "notifications/resources/updated", "{n}");
+    assert_eq!(n["params"]["uri"], uri);
+    assert_eq!(
+        n["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"],
+        "l"
+    );
+    sse.cut();
+    proxy.stop().await;
+}

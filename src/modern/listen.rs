@@ -6,7 +6,8 @@
 //! listen request's JSON-RPC id. The [`Hub`] fans out what the pool's upstream sessions report
 //! (list changes, resource updates) and task state changes to the listens of the same identity
 //! that opted in. A listen pins one upstream session of its caller open, so list changes reach
-//! it even when nothing else is in flight. On drain the stream ends gracefully with the listen's
+//! it even when nothing else is in flight, and its `resourceSubscriptions` are subscribed there
+//! (when the upstream declares `resources.subscribe`). On drain the stream ends gracefully with the listen's
 //! result; a client that closes the stream, or posts `notifications/cancelled` naming the
 //! listen's id, ends it.
 

@@ -464,9 +464,6 @@ impl Modern {
             .cloned()
             .unwrap_or_default();
         caps.remove("tasks");
-        if let Some(r) = caps.get_mut("resources").and_then(Value::as_object_mut) {
-            r.remove("subscribe");
-        }
         caps.insert("extensions".into(), json!({TASKS_EXT: {}}));
         let mut r = json!({
             "supportedVersions": SERVED_VERSIONS,
@@ -819,6 +816,19 @@ impl Modern {
                     .collect()
             }),
         };
+        let mut filter = filter;
+        // Resource subscriptions: honoured when the upstream supports them, subscribed on the
+        // upstream session this listen pins (and unsubscribed when it ends).
+        if init.pointer("/capabilities/resources/subscribe") == Some(&json!(true)) {
+            let uris = want.get("resourceSubscriptions").and_then(Value::as_array);
+            for uri in uris.into_iter().flatten().filter_map(Value::as_str) {
+                if !filter.resource_uris.iter().any(|u| u == uri)
+                    && lease.session.subscribe(uri).await
+                {
+                    filter.resource_uris.push(uri.to_string());
+                }
+            }
+        }
         let server_info = init.get("serverInfo").cloned();
         let sub_id = inb.id.clone();
         let (n, mut inbox) = self
@@ -827,31 +837,39 @@ impl Modern {
         let (tx, rx) = mpsc::channel(64);
         let me = self.clone();
         let pinned = lease.pin();
+        let uris = filter.resource_uris.clone();
         tokio::spawn(async move {
-            let _registered = me.hub.guard(n);
-            let _pinned = pinned;
+            let registered = me.hub.guard(n);
             let mut drain = me.drain.clone();
             let mut keepalive =
                 tokio::time::interval_at(tokio::time::Instant::now() + me.keepalive, me.keepalive);
-            if tx.send(listen::ack(&filter, &sub_id)).await.is_err() {
-                return;
-            }
-            loop {
-                tokio::select! {
-                    m = inbox.recv() => match m {
-                        Some(b) => if tx.send(b).await.is_err() { return },
-                        None => break,
-                    },
-                    _ = keepalive.tick() => {
-                        if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
-                            return;
-                        }
-                    }
-                    _ = tx.closed() => return,
-                    _ = draining(&mut drain) => break,
+            let graceful = async {
+                if tx.send(listen::ack(&filter, &sub_id)).await.is_err() {
+                    return false;
                 }
+                loop {
+                    tokio::select! {
+                        m = inbox.recv() => match m {
+                            Some(b) => if tx.send(b).await.is_err() { return false },
+                            None => return true,
+                        },
+                        _ = keepalive.tick() => {
+                            if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
+                                return false;
+                            }
+                        }
+                        _ = tx.closed() => return false,
+                        _ = draining(&mut drain) => return true,
+                    }
+                }
+            };
+            if graceful.await {
+                let _ = tx.send(listen::end(&sub_id, server_info.as_ref())).await;
             }
-            let _ = tx.send(listen::end(&sub_id, server_info.as_ref())).await;
+            drop(registered);
+            for uri in &uris {
+                pinned.session().unsubscribe(uri).await;
+            }
         });
         sse(rx, &self.metrics)
     }

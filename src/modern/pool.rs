@@ -107,6 +107,8 @@ struct State {
     leased: bool,
     /// Listen streams holding the session open.
     pins: usize,
+    /// Upstream resource subscriptions of those listens: URI → how many listens want it.
+    subs: HashMap<String, usize>,
     last_used: Instant,
     dead: bool,
 }
@@ -172,6 +174,92 @@ impl UpSession {
     /// As [`UpstreamLink::post`].
     pub async fn post(&self, msg: &Value) -> Result<()> {
         self.link.post(Bytes::from(msg.to_string())).await
+    }
+
+    /// Sends a request of the proxy's own and waits (at most `limit`) for its response.
+    ///
+    /// # Errors
+    /// Upstream errors; [`Error::UpstreamTimeout`] past `limit`; [`Error::UpstreamLost`].
+    pub async fn request(&self, method: &str, params: Value, limit: Duration) -> Result<Value> {
+        let (id, mut rx) = self.route(false);
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let r = async {
+            self.post(&msg).await?;
+            loop {
+                match rx.recv().await {
+                    Some(UpMsg::Response(r)) => return Ok(r),
+                    // Its log messages and progress are nobody's concern.
+                    Some(UpMsg::Log(_) | UpMsg::Progress(_)) => {}
+                    Some(UpMsg::Input { id, method, .. }) => {
+                        self.answer(&id, Err(json!({"code": -32601,
+                            "message": format!("{method} is not available to the proxy's own requests")})))
+                            .await;
+                    }
+                    _ => return Err(Error::UpstreamLost),
+                }
+            }
+        };
+        let out = tokio::time::timeout(limit, r).await.unwrap_or_else(|_| {
+            Err(Error::UpstreamTimeout(format!(
+                "{method} not answered in time"
+            )))
+        });
+        self.unroute(id);
+        out
+    }
+
+    /// Subscribes to `uri` upstream unless a listen on this session already did. `false` when
+    /// the upstream refused.
+    pub async fn subscribe(&self, uri: &str) -> bool {
+        let first = {
+            let mut st = self.lock();
+            let n = st.subs.entry(uri.to_string()).or_insert(0);
+            *n += 1;
+            *n == 1
+        };
+        if !first {
+            return true;
+        }
+        let r = self
+            .request(
+                "resources/subscribe",
+                json!({"uri": uri}),
+                Duration::from_secs(10),
+            )
+            .await;
+        let ok = matches!(&r, Ok(m) if m.get("result").is_some());
+        tracing::debug!(upstream = self.n, ok, answer = ?r, "resources/subscribe");
+        if !ok {
+            self.lock().subs.remove(uri);
+        }
+        ok
+    }
+
+    /// Drops one listen's interest in `uri`; unsubscribes upstream when it was the last.
+    pub async fn unsubscribe(&self, uri: &str) {
+        let last = {
+            let mut st = self.lock();
+            match st.subs.get_mut(uri) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    st.subs.remove(uri);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last && !self.is_dead() {
+            let _ = self
+                .request(
+                    "resources/unsubscribe",
+                    json!({"uri": uri}),
+                    Duration::from_secs(10),
+                )
+                .await;
+        }
     }
 
     /// Answers a server→client request of the upstream.
@@ -333,6 +421,13 @@ impl Drop for Pinned {
         let mut st = self.0.session.lock();
         st.pins = st.pins.saturating_sub(1);
         st.last_used = Instant::now();
+    }
+}
+
+impl Pinned {
+    /// The pinned session.
+    pub fn session(&self) -> &Arc<UpSession> {
+        &self.0.session
     }
 }
 
@@ -611,6 +706,7 @@ impl Pool {
                 lease_route: None,
                 leased: false,
                 pins: 0,
+                subs: HashMap::new(),
                 last_used: Instant::now(),
                 dead: false,
             }),
@@ -656,12 +752,13 @@ impl Pool {
         *self.latest_init.lock().unwrap_or_else(|e| e.into_inner()) = Some(result.clone());
         if result.pointer("/capabilities/logging").is_some() {
             // Per-request logLevel filtering happens here; the upstream sends everything.
-            let (id, mut rx) = session.route(false);
-            let set = json!({"jsonrpc": "2.0", "id": id, "method": "logging/setLevel", "params": {"level": "debug"}});
-            if session.post(&set).await.is_ok() {
-                let _ = tokio::time::timeout(self.upstream.connect_timeout, rx.recv()).await;
-            }
-            session.unroute(id);
+            let _ = session
+                .request(
+                    "logging/setLevel",
+                    json!({"level": "debug"}),
+                    self.upstream.connect_timeout,
+                )
+                .await;
         }
         tracing::debug!(upstream = session.n, "upstream session of the pool opened");
         Ok(session)
