@@ -4,25 +4,73 @@
 use std::sync::Arc;
 
 use crate::log::cursor::Refusal;
+pub use crate::upstream::UpstreamError;
 
 /// Result alias.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Every error the proxy reports.
+/// Every error the proxy reports. Each has one client-facing answer (HTTP status, JSON-RPC
+/// code, `error.data.reason`), in one table: [`Error::answer`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A resume was refused (design.md §4).
-    #[error("resume refused: {0:?}")]
+    #[error("resume refused: {}", .0.as_str())]
     Refused(Refusal),
-    /// The session is not held by this proxy, or has ended.
+    /// The session is not held by this proxy, has ended, or belongs to another caller or face.
     #[error("unknown session")]
     UnknownSession,
     /// A malformed request from the client.
-    #[error("bad request: {0}")]
+    #[error("Bad Request: {0}")]
     BadRequest(String),
+    /// The body is not JSON.
+    #[error("Parse error: body is not a JSON-RPC message")]
+    Parse,
+    /// Not a request the proxy can take, with the reason's label.
+    #[error("Invalid Request: {message}")]
+    Invalid {
+        /// `error.data.reason`.
+        reason: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// Parameters the proxy needs are missing or wrong.
+    #[error("Invalid params: {message}")]
+    InvalidParams {
+        /// `error.data.reason`.
+        reason: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// `Mcp-Session-Id` is required.
+    #[error("Bad Request: Mcp-Session-Id header is required")]
+    MissingSessionId,
+    /// `MCP-Protocol-Version` names a version not served.
+    #[error("Bad Request: unsupported MCP-Protocol-Version {0:?}")]
+    UnsupportedVersion(String),
+    /// `Accept` does not list what the answer needs.
+    #[error("Not Acceptable: Accept must list {0}")]
+    NotAcceptable(&'static str),
+    /// `Content-Type` is not `application/json`.
+    #[error("Unsupported Media Type: Content-Type must be application/json")]
+    UnsupportedMediaType,
+    /// A browser's `Origin` is not allowed.
+    #[error("Forbidden: Origin not allowed")]
+    OriginNotAllowed,
+    /// The `Host` is not allowed.
+    #[error("Forbidden: Host not allowed")]
+    HostNotAllowed,
+    /// `auth.require_identity` and the request carries none.
+    #[error("Unauthorized: this proxy requires an identity (auth.identity_headers or a client certificate)")]
+    IdentityRequired,
+    /// The standalone stream of a bearer session already has a connection.
+    #[error("Conflict: Only one SSE stream is allowed per session (resume with Last-Event-ID to take it over)")]
+    StreamActive,
+    /// The method is not served on this path; the value is the `Allow` header.
+    #[error("Method Not Allowed")]
+    MethodNotAllowed(&'static str),
     /// The upstream could not be reached or answered badly.
     #[error("upstream: {0}")]
-    Upstream(#[from] crate::upstream::UpstreamError),
+    Upstream(#[from] UpstreamError),
     /// The upstream did not answer in time.
     #[error("upstream timeout: {0}")]
     UpstreamTimeout(String),
@@ -37,22 +85,57 @@ pub enum Error {
     Capacity(String),
 }
 
+/// How an [`Error`] is told to a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Answer {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON-RPC error code.
+    pub code: i64,
+    /// `error.data.reason`.
+    pub reason: &'static str,
+}
+
 impl Error {
     /// Is this a timeout?
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::UpstreamTimeout(_))
     }
 
+    /// The one table of client-facing answers.
+    pub fn answer(&self) -> Answer {
+        let (status, code, reason) = match self {
+            Error::Refused(r) => (r.status(), crate::jsonrpc::RESUME_GAP, r.as_str()),
+            Error::UnknownSession => (404, -32001, "unknown_session"),
+            Error::BadRequest(_) => (400, -32600, "bad_request"),
+            Error::Parse => (400, -32700, "parse_error"),
+            Error::Invalid { reason, .. } => (400, -32600, *reason),
+            Error::InvalidParams { reason, .. } => (400, -32602, *reason),
+            Error::MissingSessionId => (400, -32600, "missing_session_id"),
+            Error::UnsupportedVersion(_) => (400, -32600, "unsupported_protocol_version"),
+            Error::NotAcceptable(_) => (406, -32600, "not_acceptable"),
+            Error::UnsupportedMediaType => (415, -32600, "unsupported_media_type"),
+            Error::OriginNotAllowed => (403, -32000, "origin_not_allowed"),
+            Error::HostNotAllowed => (403, -32000, "host_not_allowed"),
+            Error::IdentityRequired => (401, -32001, "identity_required"),
+            Error::StreamActive => (409, -32000, "stream_active"),
+            Error::MethodNotAllowed(_) => (405, -32600, "method_not_allowed"),
+            Error::Upstream(_) => (502, -32603, "upstream_error"),
+            Error::UpstreamTimeout(_) => (504, -32603, "upstream_timeout"),
+            Error::UpstreamLost => (404, -32001, "upstream_lost"),
+            Error::Store(_) => (503, -32603, "store_error"),
+            Error::Capacity(_) => (503, -32603, "capacity"),
+        };
+        Answer {
+            status,
+            code,
+            reason,
+        }
+    }
+
     /// HTTP status for a client-facing answer.
     pub fn status(&self) -> u16 {
-        match self {
-            Error::Refused(r) => r.status(),
-            Error::UnknownSession => 404,
-            Error::BadRequest(_) => 400,
-            Error::UpstreamTimeout(_) => 504,
-            Error::Upstream(_) | Error::UpstreamLost => 502,
-            Error::Store(_) | Error::Capacity(_) => 503,
-        }
+        self.answer().status
     }
 }
 

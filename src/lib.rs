@@ -30,24 +30,29 @@
 #![deny(rust_2018_idioms)]
 #![deny(missing_docs)]
 
-pub mod admin;
+// The public API: what `main`, the integration tests and the benches use. The data path's
+// internals stay private (`#[doc(hidden)]` where a bench or the fuzz targets need a piece).
+mod admin;
 pub mod app;
 pub mod config;
 pub mod demo;
 pub mod domain;
-pub mod echo;
+mod echo;
 pub mod error;
-pub mod facade;
+mod facade;
 pub mod identity;
 pub mod inspect;
+#[doc(hidden)]
 pub mod jsonrpc;
-pub mod listen;
+mod listen;
 pub mod log;
 pub mod metrics;
 pub mod modern;
+#[doc(hidden)]
 pub mod session;
 pub mod shutdown;
 pub mod sse;
+#[doc(hidden)]
 pub mod stream;
 pub mod tls;
-pub mod upstream;
+mod upstream;

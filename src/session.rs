@@ -647,8 +647,20 @@ impl Registry {
     /// A registry over `log`.
     pub fn new(cfg: Arc<Config>, log: Arc<Log>, metrics: Metrics) -> Arc<Self> {
         let upstream = UpstreamSettings::from_config(&cfg);
+        let client = upstream::client(&upstream);
+        Self::with_client(cfg, log, metrics, upstream, client)
+    }
+
+    /// A registry whose upstream connections go through `client` (unit tests: in memory).
+    fn with_client(
+        cfg: Arc<Config>,
+        log: Arc<Log>,
+        metrics: Metrics,
+        upstream: UpstreamSettings,
+        client: HttpClient,
+    ) -> Arc<Self> {
         Arc::new(Self {
-            client: upstream::client(&upstream),
+            client,
             upstream,
             cfg,
             log,
@@ -920,9 +932,6 @@ impl Registry {
     /// `sessions.idle_ttl_secs`; ended logs are deleted after `sessions.retain_ended_secs` (the log
     /// itself evicts ended logs while it is over `log.max_total_bytes`).
     pub async fn janitor(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
-        let idle_ttl = Duration::from_secs(self.cfg.sessions.idle_ttl_secs);
-        let unused_ttl = Duration::from_secs(self.cfg.sessions.unused_ttl_secs);
-        let retain = self.cfg.sessions.retain_ended_secs;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -930,39 +939,47 @@ impl Registry {
                 _ = tick.tick() => {}
                 _ = stop.changed() => return,
             }
-            let idle: Vec<_> = self
-                .lock()
-                .values()
-                .filter_map(|s| {
-                    let ttl = if s.used() { idle_ttl } else { unused_ttl };
-                    s.idle_since()
-                        .is_some_and(|t| t.elapsed() >= ttl)
-                        .then(|| (s.clone(), s.used()))
-                })
-                .collect();
-            for (s, used) in idle {
-                if used {
-                    tracing::info!(session = %s.log.tag, "no client attached for sessions.idle_ttl_secs");
-                } else {
-                    tracing::info!(session = %s.log.tag, "never used and no client attached for sessions.unused_ttl_secs");
-                }
-                self.end(&s, EndReason::IdleTimeout).await;
+            self.sweep().await;
+        }
+    }
+
+    /// One round of housekeeping (see [`Registry::janitor`]).
+    pub(crate) async fn sweep(&self) {
+        let idle_ttl = Duration::from_secs(self.cfg.sessions.idle_ttl_secs);
+        let unused_ttl = Duration::from_secs(self.cfg.sessions.unused_ttl_secs);
+        let retain = self.cfg.sessions.retain_ended_secs;
+        let idle: Vec<_> = self
+            .lock()
+            .values()
+            .filter_map(|s| {
+                let ttl = if s.used() { idle_ttl } else { unused_ttl };
+                s.idle_since()
+                    .is_some_and(|t| t.elapsed() >= ttl)
+                    .then(|| (s.clone(), s.used()))
+            })
+            .collect();
+        for (s, used) in idle {
+            if used {
+                tracing::info!(session = %s.log.tag, "no client attached for sessions.idle_ttl_secs");
+            } else {
+                tracing::info!(session = %s.log.tag, "never used and no client attached for sessions.unused_ttl_secs");
             }
-            let now = crate::log::unix_now();
-            // Task logs keep their own time (`tasks.ttl_secs`, `modern::tasks`).
-            for l in self
-                .log
-                .all()
-                .into_iter()
-                .filter(|l| l.facade != Facade::Task)
+            self.end(&s, EndReason::IdleTimeout).await;
+        }
+        let now = crate::log::unix_now();
+        // Task logs keep their own time (`tasks.ttl_secs`, `modern::tasks`).
+        for l in self
+            .log
+            .all()
+            .into_iter()
+            .filter(|l| l.facade != Facade::Task)
+        {
+            if l.end_published()
+                && l.ended_unix()
+                    .is_some_and(|t| now.saturating_sub(t) >= retain)
             {
-                if l.end_published()
-                    && l.ended_unix()
-                        .is_some_and(|t| now.saturating_sub(t) >= retain)
-                {
-                    if let Err(e) = self.log.remove(&l.id).await {
-                        tracing::error!(error = %e, "deleting an expired log failed");
-                    }
+                if let Err(e) = self.log.remove(&l.id).await {
+                    tracing::error!(error = %e, "deleting an expired log failed");
                 }
             }
         }
@@ -1010,3 +1027,6 @@ pub async fn end_log(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

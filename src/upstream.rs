@@ -84,12 +84,12 @@ pub enum Connector {
     /// TCP, with TLS for `https://` URLs.
     Net(HttpsConnector<HttpConnector>),
     /// A new in-memory pipe per connection (tests: paused time, no sockets).
-    #[doc(hidden)]
+    #[cfg(test)]
     Memory(MemoryConnect),
 }
 
 /// Opens an in-memory connection to the upstream for a URI.
-#[doc(hidden)]
+#[cfg(test)]
 pub type MemoryConnect =
     Arc<dyn Fn(&Uri) -> std::io::Result<tokio::io::DuplexStream> + Send + Sync>;
 
@@ -100,7 +100,8 @@ pub type MemoryConnect =
 pub enum Io {
     /// TCP or TLS over TCP.
     Net(MaybeHttpsStream<TokioIo<TcpStream>>),
-    /// An in-memory pipe.
+    /// An in-memory pipe (built only by the unit tests' `memory_client`).
+    #[cfg_attr(not(test), allow(dead_code))]
     Mem(TokioIo<tokio::io::DuplexStream>),
 }
 
@@ -163,6 +164,7 @@ impl tower_service::Service<Uri> for Connector {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<std::result::Result<(), BoxError>> {
         match self {
             Connector::Net(c) => c.poll_ready(cx),
+            #[cfg(test)]
             Connector::Memory(_) => Poll::Ready(Ok(())),
         }
     }
@@ -173,6 +175,7 @@ impl tower_service::Service<Uri> for Connector {
                 let f = c.call(uri);
                 Box::pin(async move { f.await.map(Io::Net) })
             }
+            #[cfg(test)]
             Connector::Memory(open) => {
                 let io = open(&uri);
                 Box::pin(async move { Ok(Io::Mem(TokioIo::new(io?))) })
@@ -204,7 +207,7 @@ pub fn client(set: &UpstreamSettings) -> HttpClient {
 }
 
 /// A client whose every connection is `open`ed in memory (unit tests).
-#[doc(hidden)]
+#[cfg(test)]
 pub fn memory_client(open: MemoryConnect) -> HttpClient {
     build(Connector::Memory(open))
 }

@@ -111,6 +111,46 @@ impl Upstream {
     pub fn stop(self) {}
 }
 
+/// The embedded upstream without a socket: every [`MemoryUpstream::connect`] is a new in-memory
+/// connection served by it (unit tests of the session registry run with paused time, where real
+/// sockets would not do).
+#[doc(hidden)]
+#[derive(Clone)]
+pub struct MemoryUpstream {
+    inner: Arc<Inner>,
+    stop: watch::Receiver<bool>,
+    _stop: Arc<watch::Sender<bool>>,
+}
+
+impl MemoryUpstream {
+    /// A new in-memory upstream.
+    pub fn new(opts: UpstreamOptions) -> Self {
+        let (tx, rx) = watch::channel(false);
+        Self {
+            inner: Arc::new(Inner::new(opts)),
+            stop: rx,
+            _stop: Arc::new(tx),
+        }
+    }
+
+    /// A new connection to it (the client's end).
+    pub fn connect(&self) -> tokio::io::DuplexStream {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(serve_conn(server, self.inner.clone(), self.stop.clone()));
+        client
+    }
+
+    /// Number of open SSE sessions.
+    pub fn open_sessions(&self) -> usize {
+        self.inner.lock().map.len()
+    }
+
+    /// Closes every SSE stream abruptly (the upstream loses its sessions).
+    pub fn drop_all_sessions(&self) {
+        drop(self.inner.take_all(false));
+    }
+}
+
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Upstream")
@@ -424,11 +464,10 @@ async fn run(
     Ok(())
 }
 
-async fn serve_conn(
-    stream: tokio::net::TcpStream,
-    inner: Arc<Inner>,
-    mut stop: watch::Receiver<bool>,
-) {
+async fn serve_conn<S>(stream: S, inner: Arc<Inner>, mut stop: watch::Receiver<bool>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let svc = hyper::service::service_fn(move |req| {
         let inner = inner.clone();
         async move { Ok::<_, Infallible>(route(inner, req).await) }

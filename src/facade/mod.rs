@@ -2,6 +2,7 @@
 //! response helpers they share (JSON-RPC error bodies, the §4 refusal body).
 
 pub mod legacy;
+pub mod resume;
 pub mod streamable;
 
 use std::sync::Arc;
@@ -164,13 +165,7 @@ impl Ctx {
             .keys()
             .identity(&self.cfg.auth, req.headers(), cert);
         if identity.is_none() && self.cfg.auth.require_identity {
-            return Err(Box::new(json_error(
-                401,
-                None,
-                -32001,
-                "Unauthorized: this proxy requires an identity (auth.identity_headers or a client certificate)",
-                serde_json::json!({"reason": "identity_required"}),
-            )));
+            return Err(Box::new(error_response(&Error::IdentityRequired, None)));
         }
         Ok(Caller {
             identity,
@@ -250,30 +245,25 @@ pub fn json_error(
     )
 }
 
-/// The client-facing answer for an [`Error`] (never a refusal; see [`refusal`]).
+/// The client-facing answer for an [`Error`], from its one table ([`Error::answer`]): a JSON-RPC
+/// error body with the status, code and `error.data.reason` (the §4 refusals, which carry the log's
+/// positions too, are built by [`refusal`]).
 pub fn error_response(e: &Error, id: Option<&str>) -> Resp {
-    let (code, reason) = match e {
-        Error::UnknownSession => (-32001, "unknown_session"),
-        Error::BadRequest(_) => (-32600, "bad_request"),
-        Error::UpstreamTimeout(_) => (-32603, "upstream_timeout"),
-        Error::UpstreamLost => (-32001, "upstream_lost"),
-        Error::Upstream(_) => (-32603, "upstream_error"),
-        Error::Store(_) => (-32603, "store_error"),
-        Error::Capacity(_) => (-32603, "capacity"),
-        Error::Refused(_) => (jsonrpc::RESUME_GAP, "resume_gap"),
-    };
-    let status = if matches!(e, Error::UpstreamLost) {
-        404
-    } else {
-        e.status()
-    };
-    json_error(
-        status,
-        id,
-        code,
-        &e.to_string(),
-        serde_json::json!({"reason": reason}),
-    )
+    let a = e.answer();
+    let mut data = serde_json::json!({"reason": a.reason});
+    match e {
+        Error::MethodNotAllowed(allow) => {
+            let mut r = plain(405, "text/plain", "Method Not Allowed");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static(allow));
+            return r;
+        }
+        Error::UnsupportedVersion(_) => {
+            data["supported"] = serde_json::json!(streamable::SUPPORTED_VERSIONS);
+        }
+        _ => {}
+    }
+    json_error(a.status, id, a.code, &e.to_string(), data)
 }
 
 /// The §4 refusal: status, JSON-RPC error body, counter and one structured log line.
@@ -337,10 +327,11 @@ pub fn refusal(
         last_event_id,
         "resume refused"
     );
+    let a = Error::Refused(reason).answer();
     json_error(
-        reason.status(),
+        a.status,
         None,
-        jsonrpc::RESUME_GAP,
+        a.code,
         &message,
         serde_json::json!({
             "reason": reason.as_str(),

@@ -21,20 +21,20 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Method, Request};
+use http::{header, HeaderMap, Method, Request};
 use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::{
-    error_response, is_json_content, json_error, plain, read_client_body, refusal, sse_response,
-    Caller, Ctx, Resp,
+    error_response, is_json_content, plain, read_client_body, refusal, sse_response, Caller, Ctx,
+    Resp,
 };
 use crate::domain::{EndReason, Facade};
 use crate::echo;
-use crate::error::{Error, StoreError};
+use crate::error::Error;
 use crate::jsonrpc::{self, Peek};
-use crate::log::cursor::{check_resume, Cursor, Refusal, SessionId};
+use crate::log::cursor::{Refusal, SessionId};
 use crate::log::{Kind, NewEvent, SessionLog, StreamTag};
 use crate::session::Session;
 use crate::stream::{self, Filter, StreamSpec};
@@ -75,12 +75,7 @@ pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         Method::POST => post(ctx, &caller, req).await,
         Method::GET => get(ctx, &caller, req).await,
         Method::DELETE => delete(ctx, &caller, req.headers()).await,
-        _ => {
-            let mut r = plain(405, "text/plain", "Method Not Allowed");
-            r.headers_mut()
-                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
-            r
-        }
+        _ => error_response(&Error::MethodNotAllowed("GET, POST, DELETE"), None),
     }
 }
 
@@ -116,16 +111,9 @@ fn version_header(h: &HeaderMap) -> Result<Option<String>, Early> {
     match header(h, VERSION_HEADER) {
         None => Ok(None),
         Some(v) if SUPPORTED_VERSIONS.contains(&v.trim()) => Ok(Some(v.trim().to_string())),
-        Some(v) => Err(Box::new(json_error(
-            400,
+        Some(v) => Err(Box::new(error_response(
+            &Error::UnsupportedVersion(echo::clip(v).to_string()),
             None,
-            -32600,
-            &format!(
-                "Bad Request: unsupported MCP-Protocol-Version {:?} (supported: {})",
-                echo::clip(v),
-                SUPPORTED_VERSIONS.join(", ")
-            ),
-            json!({"reason": "unsupported_protocol_version", "supported": SUPPORTED_VERSIONS}),
         ))),
     }
 }
@@ -154,17 +142,18 @@ fn effective_version(header: Option<&str>, session: &Session) -> String {
 }
 
 fn missing_session() -> Resp {
-    json_error(
-        400,
-        None,
-        -32600,
-        "Bad Request: Mcp-Session-Id header is required",
-        json!({"reason": "missing_session_id"}),
-    )
+    error_response(&Error::MissingSessionId, None)
 }
 
-fn bad_request(id: Option<&str>, code: i64, message: &str, reason: &str) -> Resp {
-    json_error(400, id, code, message, json!({"reason": reason}))
+/// 400 `Invalid Request` with its reason.
+fn invalid(id: Option<&str>, reason: &'static str, message: impl Into<String>) -> Resp {
+    error_response(
+        &Error::Invalid {
+            reason,
+            message: message.into(),
+        },
+        id,
+    )
 }
 
 /// The live Streamable HTTP session named by the header, or the 400/404 answer.
@@ -196,24 +185,12 @@ struct Msg {
 
 /// Parses a POST body: one message, or a batch. `Err` is the 400 answer.
 fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
-    let parse_error = || {
-        Box::new(bad_request(
-            None,
-            -32700,
-            "Parse error: body is not a JSON-RPC message",
-            "parse_error",
-        ))
-    };
+    let parse_error = || Box::new(error_response(&Error::Parse, None));
     let first = body.iter().find(|b| !b.is_ascii_whitespace());
     let (raws, batch): (Vec<Bytes>, bool) = if first == Some(&b'[') {
         let items: Vec<Box<RawValue>> = serde_json::from_slice(body).map_err(|_| parse_error())?;
         if items.is_empty() {
-            return Err(Box::new(bad_request(
-                None,
-                -32600,
-                "Invalid Request: empty batch",
-                "invalid_request",
-            )));
+            return Err(Box::new(invalid(None, "invalid_request", "empty batch")));
         }
         let raws = items
             .iter()
@@ -228,11 +205,10 @@ fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
     for bytes in raws {
         let valid = jsonrpc::peek(&bytes).filter(|p| p.method.is_some() || p.is_response);
         let Some(peek) = valid else {
-            return Err(Box::new(bad_request(
+            return Err(Box::new(invalid(
                 None,
-                -32600,
-                "Invalid Request: not a JSON-RPC request, notification or response",
                 "invalid_request",
+                "not a JSON-RPC request, notification or response",
             )));
         };
         msgs.push(Msg { bytes, peek });
@@ -250,22 +226,13 @@ async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     // --- end of the 2026-07-28 hook ---
     let h = req.headers();
     if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
-        return json_error(
-            406,
+        return error_response(
+            &Error::NotAcceptable("both application/json and text/event-stream"),
             None,
-            -32600,
-            "Not Acceptable: Accept must list both application/json and text/event-stream",
-            json!({"reason": "not_acceptable"}),
         );
     }
     if !is_json_content(h) {
-        return json_error(
-            415,
-            None,
-            -32600,
-            "Unsupported Media Type: Content-Type must be application/json",
-            json!({"reason": "unsupported_media_type"}),
-        );
+        return error_response(&Error::UnsupportedMediaType, None);
     }
     let version = match version_header(h) {
         Ok(v) => v,
@@ -294,19 +261,17 @@ async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
         .any(|m| m.peek.method.as_deref() == Some("initialize") && m.peek.is_request());
     if init {
         if batch {
-            return bad_request(
+            return invalid(
                 None,
-                -32600,
-                "Invalid Request: initialize must not be part of a batch",
                 "invalid_request",
+                "initialize must not be part of a batch",
             );
         }
         if has_session {
-            return bad_request(
+            return invalid(
                 msgs[0].peek.id.as_deref(),
-                -32600,
-                "Invalid Request: initialize opens a new session and must not carry Mcp-Session-Id",
                 "already_initialized",
+                "initialize opens a new session and must not carry Mcp-Session-Id",
             );
         }
         let msg = msgs.into_iter().next().expect("one message");
@@ -317,13 +282,10 @@ async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     };
     let version = effective_version(version.as_deref(), &session);
     if batch && !at_least(LAST_BATCH_VERSION, &version) {
-        return bad_request(
+        return invalid(
             None,
-            -32600,
-            &format!(
-                "Invalid Request: JSON-RPC batches are not part of protocol version {version}"
-            ),
             "batch_not_supported",
+            format!("JSON-RPC batches are not part of protocol version {version}"),
         );
     }
     if !msgs.iter().any(|m| m.peek.is_request()) {
@@ -352,11 +314,12 @@ async fn initialize(
         .ok()
         .and_then(|v| v["params"]["protocolVersion"].as_str().map(str::to_string));
     let Some(requested) = requested else {
-        return bad_request(
+        return error_response(
+            &Error::InvalidParams {
+                reason: "invalid_params",
+                message: "initialize without params.protocolVersion".into(),
+            },
             msg.peek.id.as_deref(),
-            -32602,
-            "Invalid params: initialize without params.protocolVersion",
-            "invalid_params",
         );
     };
     // `_hold` keeps the session from counting as idle (evictable) while `initialize` is
@@ -458,13 +421,7 @@ async fn answer(
 async fn get(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     let h = req.headers();
     if !accepts(h, "text/event-stream") {
-        return json_error(
-            406,
-            None,
-            -32600,
-            "Not Acceptable: Accept must list text/event-stream",
-            json!({"reason": "not_acceptable"}),
-        );
+        return error_response(&Error::NotAcceptable("text/event-stream"), None);
     }
     let version = match version_header(h) {
         Ok(v) => v,
@@ -497,13 +454,7 @@ async fn standalone(
     let takeover = session.log.identity.is_some();
     let Some(attachment) = session.attach(StreamTag::STANDALONE, !takeover) else {
         tracing::debug!(session = %session.log.tag, reason = "stream_active", "409: the standalone stream of a bearer session already has a connection");
-        return json_error(
-            409,
-            None,
-            -32000,
-            "Conflict: Only one SSE stream is allowed per session (resume with Last-Event-ID to take it over)",
-            json!({"reason": "stream_active"}),
-        );
+        return error_response(&Error::StreamActive, None);
     };
     let after = session.position(StreamTag::STANDALONE);
     let version = effective_version(header_version, &session);
@@ -591,40 +542,19 @@ async fn resume(
 ) -> Resp {
     let m = &ctx.reg.metrics;
     let log = &ctx.reg.log;
-    let Some(cursor) = Cursor::parse(last_event_id) else {
-        return refusal(m, Refusal::MalformedCursor, last_event_id, None, None);
+    let r = match super::resume::check(
+        ctx,
+        caller,
+        Facade::Streamable,
+        last_event_id,
+        Some(sid),
+        true,
+    ) {
+        Ok(r) => r,
+        Err(answer) => return *answer,
     };
-    if cursor.session.to_string() != sid {
-        return refusal(
-            m,
-            Refusal::ForeignSession,
-            last_event_id,
-            Some(cursor.session),
-            None,
-        );
-    }
-    let sl = log
-        .get(&cursor.session)
-        .filter(|sl| ctx.admits(caller, sl.identity.as_ref(), sl.facade, Facade::Streamable));
-    let Some(sl) = sl else {
-        return refusal(
-            m,
-            Refusal::UnknownSession,
-            last_event_id,
-            Some(cursor.session),
-            None,
-        );
-    };
-    if sl.failed() {
-        // Events of this session were lost to a storage failure and its end is not logged yet.
-        return error_response(&Error::Store(StoreError::Unavailable), None);
-    }
+    let (cursor, sl, ranges, after) = (r.cursor, r.sl, r.ranges, r.after);
     let refuse = |r: Refusal| refusal(m, r, last_event_id, Some(cursor.session), Some((log, &sl)));
-    let ranges = sl.ranges();
-    let after = match check_resume(&cursor, &ranges, true) {
-        Ok(a) => a,
-        Err(r) => return refuse(r),
-    };
     let ev = match log.event_at(&sl, cursor.seq) {
         Ok(Some(ev)) => ev,
         // Trimmed between the check and the read.
@@ -719,7 +649,7 @@ mod tests {
         for (k, v) in pairs {
             h.append(
                 http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
+                http::HeaderValue::from_str(v).unwrap(),
             );
         }
         h
