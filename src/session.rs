@@ -821,9 +821,13 @@ impl Registry {
                 for s in live.values().filter(|s| !s.is_ended()) {
                     *counts.entry(s.owner).or_default() += 1;
                 }
+                // The opener weighs what it will hold once its opens succeed (this one
+                // included), and goes first among equals: a flood that has grown as large as
+                // another owner's share evicts its own sessions, never that owner's.
+                *counts.entry(owner).or_default() += owners.get(&owner).copied().unwrap_or(0) + 1;
                 let mut by_weight: Vec<(usize, Owner)> =
                     counts.into_iter().map(|(o, n)| (n, o)).collect();
-                by_weight.sort_by_key(|w| std::cmp::Reverse(w.0));
+                by_weight.sort_by_key(|&(n, o)| (std::cmp::Reverse(n), o != owner));
                 let v = by_weight
                     .iter()
                     .find_map(|(_, o)| longest_idle(live.values().filter(|s| s.owner == *o)));

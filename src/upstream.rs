@@ -100,8 +100,8 @@ pub type MemoryConnect =
 pub enum Io {
     /// TCP or TLS over TCP.
     Net(MaybeHttpsStream<TokioIo<TcpStream>>),
-    /// An in-memory pipe (built only by the unit tests' `memory_client`).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// An in-memory pipe (unit tests).
+    #[cfg(test)]
     Mem(TokioIo<tokio::io::DuplexStream>),
 }
 
@@ -113,6 +113,7 @@ impl hyper::rt::Read for Io {
     ) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
@@ -126,6 +127,7 @@ impl hyper::rt::Write for Io {
     ) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
@@ -133,6 +135,7 @@ impl hyper::rt::Write for Io {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_flush(cx),
         }
     }
@@ -140,6 +143,7 @@ impl hyper::rt::Write for Io {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
             Io::Net(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(test)]
             Io::Mem(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
@@ -149,6 +153,7 @@ impl Connection for Io {
     fn connected(&self) -> Connected {
         match self {
             Io::Net(s) => s.connected(),
+            #[cfg(test)]
             Io::Mem(_) => Connected::new(),
         }
     }
