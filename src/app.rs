@@ -96,6 +96,7 @@ pub struct Running {
     client: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
     admin: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
     janitor: JoinHandle<()>,
+    modern_janitor: JoinHandle<()>,
     log: Arc<Log>,
 }
 
@@ -165,6 +166,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
             drain: drain.watch(),
         },
     ));
+    let modern_janitor = tokio::spawn(ctx.modern.clone().janitor(stop_rx.clone()));
     // Checked by the config's validation; a file that broke since is an error to start with.
     let tls = crate::tls::ServerTls::load(&cfg.tls).map_err(StartError::Tls)?;
     if let Some(t) = &tls {
@@ -195,6 +197,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         client,
         admin,
         janitor,
+        modern_janitor,
         log,
     })
 }
@@ -249,6 +252,7 @@ impl Running {
             }
         }
         let _ = self.janitor.await;
+        let _ = self.modern_janitor.await;
         match self.log.close().await {
             Ok(()) => tracing::info!("log flushed and marked clean"),
             Err(e) => tracing::error!(error = %e, "final log flush failed"),

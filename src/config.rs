@@ -60,6 +60,10 @@ pub struct Config {
     pub auth: crate::identity::AuthConfig,
     /// TLS on the client listener.
     pub tls: crate::tls::TlsConfig,
+    /// The MCP 2026-07-28 face on the Streamable HTTP path.
+    pub modern: crate::modern::ModernConfig,
+    /// The Tasks extension on the 2026-07-28 face.
+    pub tasks: crate::modern::tasks::TasksConfig,
 }
 
 /// `[listen]`: where clients connect.
@@ -557,6 +561,14 @@ impl Config {
         )?;
         positive("sessions.unused_ttl_secs", self.sessions.unused_ttl_secs)?;
         positive("shutdown.grace_secs", self.shutdown.grace_secs)?;
+        positive(
+            "modern.pool_max_sessions",
+            self.modern.pool_max_sessions as u64,
+        )?;
+        positive("modern.pool_idle_secs", self.modern.pool_idle_secs)?;
+        positive("modern.input_ttl_secs", self.modern.input_ttl_secs)?;
+        positive("tasks.ttl_secs", self.tasks.ttl_secs)?;
+        positive("tasks.poll_interval_ms", self.tasks.poll_interval_ms)?;
         Ok(self)
     }
 

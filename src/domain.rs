@@ -11,6 +11,8 @@ pub enum Facade {
     Legacy,
     /// Streamable HTTP.
     Streamable,
+    /// Not a face: the log of a 2026-07-28 task (see `modern::tasks`).
+    Task,
 }
 
 impl Facade {
@@ -22,6 +24,7 @@ impl Facade {
         match self {
             Facade::Legacy => "legacy",
             Facade::Streamable => "streamable",
+            Facade::Task => "task",
         }
     }
 }
@@ -42,6 +45,8 @@ pub enum EndReason {
     Evicted,
     /// The log could not be written (e.g. disk full).
     StoreError,
+    /// A task's log, its outcome written (never a live session's reason, so not in [`EndReason::ALL`]).
+    TaskFinished,
 }
 
 impl EndReason {
@@ -64,6 +69,7 @@ impl EndReason {
             EndReason::Shutdown => "shutdown",
             EndReason::Evicted => "evicted",
             EndReason::StoreError => "store_error",
+            EndReason::TaskFinished => "task_finished",
         }
     }
 }

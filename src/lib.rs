@@ -19,6 +19,8 @@
 //! - [`log`]: the event log (segment files of checksummed records), its writer thread, ids and
 //!   the contiguity check.
 //! - [`stream`]: a client stream as a cursor over the log.
+//! - [`modern`]: the stateless MCP 2026-07-28 face on the same path as [2], per request: a pool
+//!   of proxy-opened upstream sessions, MRTR, `subscriptions/listen`, and tasks kept in [5].
 //!
 //! Around it: [`domain`] (the vocabulary the others share), [`config`], [`metrics`], [`admin`], [`shutdown`], [`app`] (wiring), [`sse`]
 //! (decoder/encoder), [`jsonrpc`] (routing fields and error bodies), [`echo`] (client values cut
@@ -45,6 +47,7 @@ pub mod jsonrpc;
 mod listen;
 pub mod log;
 pub mod metrics;
+pub mod modern;
 #[doc(hidden)]
 pub mod session;
 pub mod shutdown;

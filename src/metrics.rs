@@ -81,6 +81,10 @@ pub struct Metrics {
     auth_rejected: IntCounterVec,
     /// `mcp_resume_dropped_total{reason}`: client input or upstream output that could not be delivered.
     dropped: IntCounterVec,
+    /// `mcp_resume_tasks_total{status}`: 2026-07-28 tasks created and how they ended.
+    pub tasks: IntCounterVec,
+    /// `mcp_resume_upstream_pool_sessions`: upstream sessions the 2026-07-28 face holds open.
+    pub pool_sessions: IntGauge,
 }
 
 impl Metrics {
@@ -217,6 +221,19 @@ impl Metrics {
             )
             .unwrap(),
             registry,
+            tasks: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_tasks_total",
+                    "2026-07-28 tasks, by status: created, then completed, failed, cancelled or expired.",
+                ),
+                &["status"],
+            )
+            .unwrap(),
+            pool_sessions: IntGauge::new(
+                "mcp_resume_upstream_pool_sessions",
+                "Upstream sessions the 2026-07-28 face holds open in its pool.",
+            )
+            .unwrap(),
         };
         let r = &m.registry;
         r.register(Box::new(m.refusals.clone())).unwrap();
@@ -240,6 +257,11 @@ impl Metrics {
         r.register(Box::new(m.requests_rejected.clone())).unwrap();
         for reason in REJECT_REASONS {
             m.requests_rejected.with_label_values(&[reason]);
+        }
+        r.register(Box::new(m.tasks.clone())).unwrap();
+        r.register(Box::new(m.pool_sessions.clone())).unwrap();
+        for s in crate::modern::tasks::TASK_STATUSES {
+            m.tasks.with_label_values(&[s]);
         }
         // Materialise every label set so dashboards see zeros rather than gaps.
         for reason in Refusal::ALL {

@@ -738,7 +738,7 @@ impl Registry {
             link,
             default_stream: match facade {
                 Facade::Legacy => StreamTag::LEGACY,
-                Facade::Streamable => StreamTag::STANDALONE,
+                Facade::Streamable | Facade::Task => StreamTag::STANDALONE,
             },
             state: Mutex::new(State {
                 inflight: HashMap::new(),
@@ -911,10 +911,15 @@ impl Registry {
         let Some(mut failures) = self.log.take_failures() else {
             return;
         };
+        // Weak: this task must not keep the registry (and through it the log and its directory
+        // lock) alive after the proxy stopped; the channel ends when the log goes.
+        let me = Arc::downgrade(&self);
+        drop(self);
         while let Some(id) = failures.recv().await {
-            let Some(s) = self.live(&id) else { continue };
+            let Some(this) = me.upgrade() else { return };
+            let Some(s) = this.live(&id) else { continue };
             tracing::error!(session = %s.log.tag, "events of this session could not be logged; ending it (store_error)");
-            let reg = self.clone();
+            let reg = this.clone();
             tokio::spawn(async move { reg.end(&s, EndReason::StoreError).await });
         }
     }
@@ -966,7 +971,13 @@ impl Registry {
             self.end(&s, EndReason::IdleTimeout).await;
         }
         let now = crate::log::unix_now();
-        for l in self.log.all() {
+        // Task logs keep their own time (`tasks.ttl_secs`, `modern::tasks`).
+        for l in self
+            .log
+            .all()
+            .into_iter()
+            .filter(|l| l.facade != Facade::Task)
+        {
             if l.end_published()
                 && l.ended_unix()
                     .is_some_and(|t| now.saturating_sub(t) >= retain)

@@ -102,6 +102,18 @@ impl Drop for GaugeGuard {
     }
 }
 
+impl SseBody {
+    /// A body whose frames come from `rx` (streams that are not log cursors: the 2026-07-28
+    /// face's request and listen streams). `gauge` counts it while it lives.
+    pub fn from_channel(rx: mpsc::Receiver<Bytes>, gauge: IntGauge) -> Self {
+        gauge.inc();
+        Self {
+            rx,
+            _gauge: GaugeGuard(gauge),
+        }
+    }
+}
+
 impl Body for SseBody {
     type Data = Bytes;
     type Error = Infallible;

@@ -54,6 +54,10 @@ pub enum UpstreamError {
         /// The origin it named.
         origin: String,
     },
+    /// The upstream answered `initialize` with an error (sessions the proxy opens itself for
+    /// the 2026-07-28 face).
+    #[error("the upstream refused `initialize`")]
+    InitializeRefused,
     /// A request could not be built.
     #[error("cannot build the upstream request")]
     Request(#[source] http::Error),

@@ -136,6 +136,19 @@ fn check(ok: bool, what: &str) -> Result<(), String> {
     }
 }
 
+/// The demo's proxy configuration: in front of `upstream`, logging to `dir`.
+fn demo_config(upstream: String, dir: &std::path::Path) -> Config {
+    let mut cfg = Config::default();
+    cfg.listen.addr = "127.0.0.1:0".into();
+    cfg.admin.addr = "127.0.0.1:0".into();
+    cfg.upstream.sse_url = upstream;
+    cfg.log.dir = dir.to_path_buf();
+    cfg.log.durability = Durability::Fsync;
+    cfg.log.max_events_per_session = 30;
+    cfg.tasks.mode = crate::modern::tasks::TaskMode::Always;
+    cfg
+}
+
 /// Runs the narrated demo.
 ///
 /// # Errors
@@ -146,21 +159,169 @@ pub async fn run() -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let dir = std::env::temp_dir().join(format!("mcp-resume-proxy-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut cfg = Config::default();
-    cfg.listen.addr = "127.0.0.1:0".into();
-    cfg.admin.addr = "127.0.0.1:0".into();
-    cfg.upstream.sse_url = up.sse_url();
-    cfg.log.dir = dir.clone();
-    cfg.log.durability = Durability::Fsync;
-    cfg.log.max_events_per_session = 30;
-    let proxy = crate::app::start(cfg).await.map_err(|e| e.to_string())?;
+    let proxy = crate::app::start(demo_config(up.sse_url(), &dir))
+        .await
+        .map_err(|e| e.to_string())?;
     let base = format!("http://{}", proxy.addr);
     let c: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-    let result = narrate(&c, &base, &proxy).await;
-    proxy.stop().await;
+    let mut result = narrate(&c, &base, &proxy).await;
+    let proxy = match result {
+        Ok(()) => match tasks_demo(&c, proxy, &up.sse_url(), &dir).await {
+            Ok(p) => Some(p),
+            Err(e) => {
+                result = Err(e);
+                None
+            }
+        },
+        Err(_) => Some(proxy),
+    };
+    if let Some(p) = proxy {
+        p.stop().await;
+    }
     up.stop();
     let _ = std::fs::remove_dir_all(&dir);
     result
+}
+
+/// POSTs one 2026-07-28 request (declaring the tasks extension) and returns its JSON answer.
+async fn modern(
+    c: &HttpClient,
+    base: &str,
+    id: u64,
+    method: &str,
+    params: Value,
+) -> Result<Value, String> {
+    let mut params = params;
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+        "io.modelcontextprotocol/clientInfo": {"name": "demo-2026", "version": "1"},
+    });
+    let name = params["name"]
+        .as_str()
+        .or(params["taskId"].as_str())
+        .map(str::to_string);
+    let mut req = http::Request::post(format!("{base}/mcp"))
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(n) = name {
+        req = req.header("mcp-name", n);
+    }
+    let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let resp = c
+        .request(
+            req.body(Full::new(Bytes::from(msg.to_string())))
+                .expect("request"),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    serde_json::from_slice(&body).map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&body)))
+}
+
+fn task_line(t: &Value) -> String {
+    let mut s = t["status"].as_str().unwrap_or("?").to_string();
+    if let Some(m) = t["statusMessage"].as_str() {
+        s.push_str(&format!(" — {m}"));
+    }
+    if let Some(text) = t["result"]["content"][0]["text"].as_str() {
+        s.push_str(&format!(" — result: {text}"));
+    }
+    if t.get("error").is_some() {
+        s.push_str(&format!(
+            " — error {}: {}",
+            t["error"]["code"], t["error"]["message"]
+        ));
+    }
+    s
+}
+
+/// ⑧–⑩: a 2026-07-28 client's tasks across a proxy restart. Returns the restarted proxy.
+async fn tasks_demo(
+    c: &HttpClient,
+    proxy: crate::app::Running,
+    upstream: &str,
+    dir: &std::path::Path,
+) -> Result<crate::app::Running, String> {
+    let base = format!("http://{}", proxy.addr);
+    println!("\n⑧ A 2026-07-28 client (stateless: no session, no Last-Event-ID) declares the tasks extension.");
+    let d = modern(c, &base, 1, "server/discover", json!({})).await?;
+    check(
+        d["result"]["capabilities"]["extensions"]["io.modelcontextprotocol/tasks"] == json!({}),
+        "server/discover advertises io.modelcontextprotocol/tasks",
+    )?;
+    let r = modern(
+        c,
+        &base,
+        2,
+        "tools/call",
+        json!({"name": "count", "arguments": {"n": 3, "interval_ms": 100}}),
+    )
+    .await?;
+    check(
+        r["result"]["resultType"] == "task",
+        "a tools/call returns a task handle (CreateTaskResult), logged and synced first",
+    )?;
+    let quick = r["result"]["taskId"].as_str().ok_or("taskId")?.to_string();
+    println!("   task {quick}: {}", task_line(&r["result"]));
+    let mut done = Value::Null;
+    for i in 0..50 {
+        let g = modern(c, &base, 10 + i, "tasks/get", json!({"taskId": quick})).await?;
+        done = g["result"].clone();
+        if done["status"] != "working" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("   tasks/get: {}", task_line(&done));
+    check(done["status"] == "completed", "the short task completed")?;
+    let r = modern(
+        c,
+        &base,
+        3,
+        "tools/call",
+        json!({"name": "count", "arguments": {"n": 100, "interval_ms": 200}}),
+    )
+    .await?;
+    let long = r["result"]["taskId"].as_str().ok_or("taskId")?.to_string();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let g = modern(c, &base, 4, "tasks/get", json!({"taskId": long})).await?;
+    println!("   task {long}: {}", task_line(&g["result"]));
+    check(
+        g["result"]["status"] == "working",
+        "a long task is working; its statusMessage follows upstream progress",
+    )?;
+
+    println!("\n⑨ The client goes away, and the proxy stops and starts again on the same log (here a stop;");
+    println!("   tests/modern_tasks.rs does the same with SIGKILL). The long call's upstream session dies with it.");
+    proxy.stop().await;
+    let proxy = crate::app::start(demo_config(upstream.to_string(), dir))
+        .await
+        .map_err(|e| e.to_string())?;
+    let base = format!("http://{}", proxy.addr);
+
+    println!("\n⑩ The client comes back (new proxy address, same log) and polls its tasks:");
+    let g = modern(c, &base, 5, "tasks/get", json!({"taskId": quick})).await?;
+    println!("   task {quick}: {}", task_line(&g["result"]));
+    check(
+        g["result"]["status"] == "completed" && g["result"]["result"]["resultType"] == "complete",
+        "the finished task still returns its result",
+    )?;
+    let g = modern(c, &base, 6, "tasks/get", json!({"taskId": long})).await?;
+    println!("   task {long}: {}", task_line(&g["result"]));
+    check(
+        g["result"]["status"] == "failed" && g["result"]["error"]["code"] == -32091,
+        "the unfinished one failed loudly with -32091 — never `working` forever",
+    )?;
+    println!("\nDemo complete.");
+    Ok(proxy)
 }
 
 async fn narrate(c: &HttpClient, base: &str, proxy: &crate::app::Running) -> Result<(), String> {
@@ -304,6 +465,8 @@ async fn narrate(c: &HttpClient, base: &str, proxy: &crate::app::Running) -> Res
         metrics.contains("mcp_resume_refusals_total{reason=\"cursor_trimmed\"} 1"),
         "one cursor_trimmed refusal counted",
     )?;
-    println!("\nThe client's remedy on 409: open a fresh stream and re-query what it had in flight. Demo complete.");
+    println!(
+        "\nThe client's remedy on 409: open a fresh stream and re-query what it had in flight."
+    );
     Ok(())
 }

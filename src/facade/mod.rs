@@ -37,6 +37,8 @@ pub struct Ctx {
     origins: Vec<String>,
     /// Allowed hosts, lowercase (`listen.allowed_hosts`; empty: any).
     hosts: Vec<String>,
+    /// The 2026-07-28 face (its janitor is the caller's to spawn: [`crate::modern::Modern::janitor`]).
+    pub modern: Arc<crate::modern::Modern>,
 }
 
 /// The client's address, attached to every request by the listener.
@@ -79,12 +81,19 @@ impl Ctx {
             .iter()
             .map(|h| h.to_ascii_lowercase())
             .collect();
+        let modern = crate::modern::Modern::new(
+            cfg.clone(),
+            reg.log.clone(),
+            reg.metrics.clone(),
+            env.drain.clone(),
+        );
         Self {
             cfg,
             reg,
             env,
             origins,
             hosts,
+            modern,
         }
     }
 

@@ -63,6 +63,13 @@ pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         Ok(c) => c,
         Err(r) => return *r,
     };
+    // --- 2026-07-28 era selection (crate::modern): a modern GET/DELETE is 405 ---
+    if matches!(*req.method(), Method::GET | Method::DELETE) {
+        if let Some(r) = crate::modern::refuse_get_delete(req.headers()) {
+            return r;
+        }
+    }
+    // --- end of the 2026-07-28 hook ---
     let method = req.method().clone();
     match method {
         Method::POST => post(ctx, &caller, req).await,
@@ -210,6 +217,13 @@ fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
 }
 
 async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
+    // --- 2026-07-28 era selection (crate::modern): modern requests are served there; the rest
+    // come back with their body (read or not) ---
+    let req = match crate::modern::select(ctx, caller, req).await {
+        crate::modern::Era::Modern(r) => return r,
+        crate::modern::Era::Legacy(req) => req,
+    };
+    // --- end of the 2026-07-28 hook ---
     let h = req.headers();
     if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
         return error_response(

@@ -9,8 +9,15 @@ bound to 127.0.0.1 only, exposing three tools for the proxy's integration tests:
   echo(text)                returns text.
   burst(n)                  n x notifications/message "burst i" back-to-back, returns "burst n".
 
+With --modern-tools (the 2026-07-28 face's tests) also:
+  ask(question)             elicitation/create (form: {"answer": string}); returns "answer: <answer>" or
+                            "declined: <action>".
+  sample(prompt)            sampling/createMessage; returns "sampled: <text of the reply>".
+  change()                  adds tool "extra" and sends notifications/tools/list_changed; returns "changed".
+  slow(seconds, steps=4)    sleeps seconds in steps, reporting progress "step i"; returns "slept <seconds>".
+
 Run (after scripts/install-peers):
-  tests/peers/.venv/bin/python tests/peers/fastmcp_legacy_server.py PORT [--lifetime SECONDS]
+  tests/peers/.venv/bin/python tests/peers/fastmcp_legacy_server.py PORT [--lifetime SECONDS] [--modern-tools]
 
 stdout: exactly one JSON line once the socket is bound:
   {"ready": true, "port": PORT, "pid": PID, "sse_url": "http://127.0.0.1:PORT/sse"}
@@ -39,6 +46,51 @@ PROG = "fastmcp_legacy_server"
 
 def log(msg: str) -> None:
     print(f"{PROG}: {msg}", file=sys.stderr, flush=True)
+
+
+def add_modern_tools(mcp: FastMCP) -> None:
+    from mcp.types import SamplingMessage, TextContent
+    from pydantic import BaseModel
+
+    class Answer(BaseModel):
+        answer: str
+
+    @mcp.tool()
+    async def ask(question: str, ctx: Context) -> str:
+        """Ask the client a question (elicitation)."""
+        r = await ctx.elicit(question, schema=Answer)
+        if r.action == "accept":
+            return f"answer: {r.data.answer}"
+        return f"declined: {r.action}"
+
+    @mcp.tool()
+    async def sample(prompt: str, ctx: Context) -> str:
+        """Ask the client's model (sampling)."""
+        r = await ctx.session.create_message(
+            messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))],
+            max_tokens=50,
+        )
+        text = r.content.text if isinstance(r.content, TextContent) else str(r.content)
+        return f"sampled: {text}"
+
+    @mcp.tool()
+    async def change(ctx: Context) -> str:
+        """Add tool `extra` and tell the client the list changed."""
+
+        def extra() -> str:
+            return "extra"
+
+        mcp.add_tool(extra, name="extra")
+        await ctx.session.send_tool_list_changed()
+        return "changed"
+
+    @mcp.tool()
+    async def slow(seconds: float, ctx: Context, steps: int = 4) -> str:
+        """Sleep `seconds` in `steps` steps, reporting progress."""
+        for i in range(steps):
+            await anyio.sleep(seconds / steps)
+            await ctx.report_progress(i + 1, steps, f"step {i + 1}")
+        return f"slept {seconds:g}"
 
 
 def build(port: int) -> FastMCP:
@@ -82,8 +134,10 @@ LOG_CONFIG = {
 }
 
 
-async def serve(port: int, lifetime: float, orphan_exit: bool) -> int:
+async def serve(port: int, lifetime: float, orphan_exit: bool, modern: bool = False) -> int:
     mcp = build(port)
+    if modern:
+        add_modern_tools(mcp)
     config = uvicorn.Config(
         mcp.sse_app(),
         host=mcp.settings.host,
@@ -140,12 +194,14 @@ def main() -> int:
     ap.add_argument("port", type=int)
     ap.add_argument("--lifetime", type=float, default=float(os.environ.get("PEER_LIFETIME_S", "600")),
                     help="exit (124) after this many seconds; 0 = unlimited (env PEER_LIFETIME_S, default 600)")
+    ap.add_argument("--modern-tools", action="store_true",
+                    help="also expose ask, sample, change and slow (2026-07-28 face tests)")
     args = ap.parse_args()
     if not 0 < args.port < 65536:
         ap.error("port out of range")
     orphan_exit = os.environ.get("PEER_ORPHAN_EXIT", "1") != "0"
     try:
-        return anyio.run(serve, args.port, args.lifetime, orphan_exit)
+        return anyio.run(serve, args.port, args.lifetime, orphan_exit, args.modern_tools)
     except KeyboardInterrupt:
         return 130
 

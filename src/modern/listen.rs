@@ -1,0 +1,243 @@
+//! `subscriptions/listen`: the 2026-07-28 replacement for the standalone GET stream.
+//!
+//! A listen request opens an SSE stream whose first event acknowledges the subscription
+//! (`notifications/subscriptions/acknowledged` with the honoured subset of the filter), tagged,
+//! like every later notification, with `_meta["io.modelcontextprotocol/subscriptionId"]` = the
+//! listen request's JSON-RPC id. The [`Hub`] fans out what the pool's upstream sessions report
+//! (list changes, resource updates) and task state changes to the listens of the same identity
+//! that opted in. A listen pins one upstream session of its caller open, so list changes reach
+//! it even when nothing else is in flight, and its `resourceSubscriptions` are subscribed there
+//! (when the upstream declares `resources.subscribe`). On drain the stream ends gracefully with the listen's
+//! result; a client that closes the stream, or posts `notifications/cancelled` naming the
+//! listen's id, ends it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use crate::identity::Identity;
+use crate::sse::encode;
+
+/// The `_meta` key that tags notifications with their subscription.
+pub const SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
+
+/// What a listen asked for, as honoured.
+#[derive(Clone, Debug, Default)]
+pub struct Filter {
+    /// `toolsListChanged`.
+    pub tools: bool,
+    /// `promptsListChanged`.
+    pub prompts: bool,
+    /// `resourcesListChanged`.
+    pub resources: bool,
+    /// `resourceSubscriptions`.
+    pub resource_uris: Vec<String>,
+    /// `taskIds` (tasks extension).
+    pub task_ids: Option<HashSet<String>>,
+}
+
+impl Filter {
+    /// The honoured filter as sent in the acknowledgement.
+    pub fn to_json(&self) -> Value {
+        let mut m = Map::new();
+        if self.tools {
+            m.insert("toolsListChanged".into(), json!(true));
+        }
+        if self.prompts {
+            m.insert("promptsListChanged".into(), json!(true));
+        }
+        if self.resources {
+            m.insert("resourcesListChanged".into(), json!(true));
+        }
+        if !self.resource_uris.is_empty() {
+            m.insert("resourceSubscriptions".into(), json!(self.resource_uris));
+        }
+        if let Some(t) = &self.task_ids {
+            let mut ids: Vec<&String> = t.iter().collect();
+            ids.sort();
+            m.insert("taskIds".into(), json!(ids));
+        }
+        Value::Object(m)
+    }
+
+    fn wants(&self, method: &str, params: &Value) -> bool {
+        match method {
+            "notifications/tools/list_changed" => self.tools,
+            "notifications/prompts/list_changed" => self.prompts,
+            "notifications/resources/list_changed" => self.resources,
+            "notifications/resources/updated" => params
+                .get("uri")
+                .and_then(Value::as_str)
+                .is_some_and(|u| self.resource_uris.iter().any(|r| r == u)),
+            _ => false,
+        }
+    }
+}
+
+struct Listener {
+    identity: Option<Identity>,
+    sub_id: Value,
+    filter: Filter,
+    tx: mpsc::Sender<Bytes>,
+}
+
+/// The live listens.
+#[derive(Default)]
+pub struct Hub {
+    listeners: Mutex<HashMap<u64, Listener>>,
+    next: AtomicU64,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub").finish_non_exhaustive()
+    }
+}
+
+fn same(a: Option<&Identity>, b: Option<&Identity>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => a.matches(b),
+        _ => false,
+    }
+}
+
+/// One SSE `message` event (no `id:`: modern streams are not resumable).
+pub fn frame(msg: &Value) -> Bytes {
+    encode::event(None, Some("message"), msg.to_string().as_bytes())
+}
+
+/// A notification tagged with a subscription id.
+fn tagged(method: &str, params: &Value, sub_id: &Value) -> Value {
+    let mut p = params.as_object().cloned().unwrap_or_default();
+    let mut meta = p
+        .get("_meta")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    meta.insert(SUBSCRIPTION_ID.into(), sub_id.clone());
+    p.insert("_meta".into(), Value::Object(meta));
+    json!({"jsonrpc": "2.0", "method": method, "params": p})
+}
+
+/// Removes its listener from the hub when dropped.
+pub struct Registration<'a> {
+    hub: &'a Hub,
+    n: u64,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.hub.lock().remove(&self.n);
+    }
+}
+
+impl Hub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Listener>> {
+        self.listeners.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers a listen; its notifications arrive on the returned receiver, which ends when the
+    /// listen is closed by [`Hub::close`].
+    pub fn register(
+        &self,
+        identity: Option<Identity>,
+        sub_id: Value,
+        filter: Filter,
+    ) -> (u64, mpsc::Receiver<Bytes>) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(256);
+        self.lock().insert(
+            n,
+            Listener {
+                identity,
+                sub_id,
+                filter,
+                tx,
+            },
+        );
+        (n, rx)
+    }
+
+    /// A guard that deregisters listen `n` when dropped.
+    pub fn guard(&self, n: u64) -> Registration<'_> {
+        Registration { hub: self, n }
+    }
+
+    /// Number of live listens.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// No live listens?
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Ends the listens of `identity` whose subscription id is `sub_id` (the client posted
+    /// `notifications/cancelled` for it). Returns how many.
+    pub fn close(&self, identity: Option<&Identity>, sub_id: &Value) -> usize {
+        let mut l = self.lock();
+        let before = l.len();
+        l.retain(|_, x| !(same(x.identity.as_ref(), identity) && &x.sub_id == sub_id));
+        before - l.len()
+    }
+
+    /// Ends every listen (shutdown): each stream ends with its graceful result.
+    pub fn close_all(&self) {
+        self.lock().clear();
+    }
+
+    /// An upstream notification for the listens of `identity` that opted in.
+    pub fn upstream_notification(&self, identity: Option<&Identity>, method: &str, params: &Value) {
+        let mut params = params.clone();
+        if let Some(p) = params.as_object_mut() {
+            p.remove("_meta");
+        }
+        for x in self.lock().values() {
+            if same(x.identity.as_ref(), identity) && x.filter.wants(method, &params) {
+                let _ = x.tx.try_send(frame(&tagged(method, &params, &x.sub_id)));
+            }
+        }
+    }
+
+    /// A task's new state for the listens of `identity` subscribed to it.
+    pub fn task_notification(&self, identity: Option<&Identity>, task_id: &str, task: &Value) {
+        for x in self.lock().values() {
+            let wants = x
+                .filter
+                .task_ids
+                .as_ref()
+                .is_some_and(|t| t.contains(task_id));
+            if wants && same(x.identity.as_ref(), identity) {
+                let _ =
+                    x.tx.try_send(frame(&tagged("notifications/tasks", task, &x.sub_id)));
+            }
+        }
+    }
+}
+
+/// The acknowledgement, the listen's first event.
+pub fn ack(filter: &Filter, sub_id: &Value) -> Bytes {
+    frame(&tagged(
+        "notifications/subscriptions/acknowledged",
+        &json!({"notifications": filter.to_json()}),
+        sub_id,
+    ))
+}
+
+/// The graceful end of a listen: its JSON-RPC result.
+pub fn end(sub_id: &Value, server_info: Option<&Value>) -> Bytes {
+    let mut meta = Map::new();
+    meta.insert(SUBSCRIPTION_ID.into(), sub_id.clone());
+    if let Some(si) = server_info {
+        meta.insert(super::SERVER_INFO.into(), si.clone());
+    }
+    frame(
+        &json!({"jsonrpc": "2.0", "id": sub_id, "result": {"resultType": "complete", "_meta": meta}}),
+    )
+}

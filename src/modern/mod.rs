@@ -1,0 +1,954 @@
+//! [2b] The MCP 2026-07-28 face, on the Streamable HTTP path (`/mcp`), chosen per request.
+//!
+//! 2026-07-28 is stateless: no `initialize`, no `Mcp-Session-Id`, no GET stream, no
+//! `Last-Event-ID`; every request carries its `_meta` envelope (protocol version, client
+//! capabilities) and the `MCP-Protocol-Version` / `Mcp-Method` / `Mcp-Name` headers. The era is
+//! chosen per request, body first: a request whose `params._meta` claims a protocol version is
+//! modern; `initialize` and anything else without a claim stays on the sessionful face
+//! ([`crate::facade::streamable`]), untouched. See [`select`].
+//!
+//! - Validation ([`wire`]): JSON (`-32700`), shape (`-32600`), envelope (`-32602`), header
+//!   cross-check (`-32020`), version (`-32022` with `data.supported`), method registry (404
+//!   `-32601`), `Mcp-Method`/`Mcp-Name` (`-32020`), capabilities (`-32021`). Errors from the
+//!   upstream and handlers are in-band (HTTP 200).
+//! - Requests run on proxy-opened upstream legacy sessions from a [`pool`]; results get
+//!   `resultType`, serverInfo `_meta`, and `ttlMs`/`cacheScope` where cacheable; progress and
+//!   (with `logLevel`) log messages ride the POST's SSE stream, which always ends with the
+//!   response and never carries event ids; closing it cancels the request upstream.
+//! - `server/discover` is answered from the upstream's `initialize` result ([`discover`]).
+//! - Upstream sampling / elicitation / roots requests become MRTR rounds ([`mrtr`]).
+//! - `subscriptions/listen` streams ([`listen`]); the Tasks extension backed by the log ([`tasks`]).
+
+pub mod listen;
+pub mod mrtr;
+pub mod pool;
+pub mod tasks;
+pub mod wire;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::Config;
+use crate::domain::Facade;
+use crate::facade::{read_client_body, Caller, Ctx, Resp};
+use crate::log::Log;
+use crate::metrics::Metrics;
+use crate::stream::SseBody;
+use listen::{Filter, Hub};
+use mrtr::{Binding, Mrtr, Pending};
+use pool::{Pool, PoolSettings, UpCall, UpMsg};
+use tasks::{TaskMode, Tasks};
+use wire::{Inbound, Refusal};
+
+/// The protocol version this face speaks.
+pub const MODERN_VERSION: &str = "2026-07-28";
+/// Every version served on `/mcp`, the modern one first (`-32022`'s `data.supported`).
+pub const SERVED_VERSIONS: [&str; 4] = ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"];
+/// The tasks extension id.
+pub const TASKS_EXT: &str = "io.modelcontextprotocol/tasks";
+/// The `_meta` key of the server's identity on results.
+pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+
+/// `[modern]`: the 2026-07-28 face.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModernConfig {
+    /// Most upstream sessions the pool keeps open at once (all identities together).
+    pub pool_max_sessions: usize,
+    /// Seconds an upstream session of the pool with nothing in flight stays open.
+    pub pool_idle_secs: u64,
+    /// Seconds a request waits for an upstream session when the pool is full of busy ones; then
+    /// it is answered with an error.
+    pub pool_wait_secs: u64,
+    /// `ttlMs` put on cacheable results (`tools/list`, … , `server/discover`); `cacheScope` is
+    /// always `"private"` (pools are per identity).
+    pub cache_ttl_ms: u64,
+    /// Seconds a parked MRTR call waits for the client's retry (the `requestState` lifetime).
+    pub input_ttl_secs: u64,
+}
+
+impl Default for ModernConfig {
+    fn default() -> Self {
+        Self {
+            pool_max_sessions: 64,
+            pool_idle_secs: 60,
+            pool_wait_secs: 10,
+            cache_ttl_ms: 0,
+            input_ttl_secs: 300,
+        }
+    }
+}
+
+/// Methods whose requests may carry MRTR rounds (and lease an upstream session exclusively).
+const MRTR_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
+/// Methods whose results are `CacheableResult`s.
+const CACHEABLE: [&str; 5] = [
+    "tools/list",
+    "prompts/list",
+    "resources/list",
+    "resources/templates/list",
+    "resources/read",
+];
+
+/// The body of a request handed back to the sessionful face: untouched, or already read.
+pub type LegacyBody = Either<Incoming, Full<Bytes>>;
+
+/// Which era serves a POST.
+pub enum Era {
+    /// Served here.
+    Modern(Resp),
+    /// For the sessionful face, with its body.
+    Legacy(Request<LegacyBody>),
+}
+
+/// The state of the face.
+pub struct Modern {
+    cfg: Arc<Config>,
+    /// Upstream sessions.
+    pub pool: Arc<Pool>,
+    /// Listen streams.
+    pub hub: Arc<Hub>,
+    /// Parked MRTR calls.
+    pub mrtr: Mrtr,
+    /// Tasks.
+    pub tasks: Arc<Tasks>,
+    metrics: Metrics,
+    drain: watch::Receiver<bool>,
+    keepalive: Duration,
+}
+
+impl std::fmt::Debug for Modern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Modern").finish_non_exhaustive()
+    }
+}
+
+impl Modern {
+    /// The face over `log`; `drain` ends its streams.
+    pub fn new(
+        cfg: Arc<Config>,
+        log: Arc<Log>,
+        metrics: Metrics,
+        drain: watch::Receiver<bool>,
+    ) -> Arc<Self> {
+        let hub = Arc::new(Hub::default());
+        let set = PoolSettings {
+            max_sessions: cfg.modern.pool_max_sessions,
+            idle: Duration::from_secs(cfg.modern.pool_idle_secs),
+            wait: Duration::from_secs(cfg.modern.pool_wait_secs),
+        };
+        let up = crate::upstream::UpstreamSettings::from_config(&cfg);
+        let pool = Pool::new(set, up, hub.clone(), metrics.pool_sessions.clone());
+        let tasks = Tasks::new(cfg.tasks.clone(), log, hub.clone(), metrics.tasks.clone());
+        Arc::new(Self {
+            mrtr: Mrtr::new(Duration::from_secs(cfg.modern.input_ttl_secs)),
+            keepalive: cfg.keepalive(),
+            cfg,
+            pool,
+            hub,
+            tasks,
+            metrics,
+            drain,
+        })
+    }
+
+    /// Housekeeping once per second until `stop` fires: idle upstream sessions close, parked
+    /// calls whose retry never came are let go, expired tasks are removed.
+    pub async fn janitor(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => break,
+            }
+            for p in self.mrtr.expired() {
+                release_parked(p).await;
+            }
+            self.pool.reap();
+            self.tasks.expire().await;
+        }
+        // Shutdown: listens end gracefully, parked calls are let go, upstream sessions close
+        // (requests in flight get their -32091 answer; live tasks log it as their outcome).
+        self.hub.close_all();
+        for p in self.mrtr.drain() {
+            release_parked(p).await;
+        }
+        self.pool.close_all();
+        self.tasks.wait_idle(Duration::from_secs(2)).await;
+    }
+}
+
+async fn release_parked(p: mrtr::Parked) {
+    for x in &p.pending {
+        p.call
+            .session()
+            .answer(&x.upstream_id, mrtr::refusal(&x.method))
+            .await;
+    }
+    // Dropped unfinished: the upstream call is cancelled.
+    drop(p.call);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Entry points (the hooks in the Streamable HTTP face)
+
+/// `GET`/`DELETE` of a 2026-07-28 client: 405 (the modern face is POST-only). Without a modern
+/// `MCP-Protocol-Version` they stay the sessionful face's.
+pub fn refuse_get_delete(h: &HeaderMap) -> Option<Resp> {
+    let v = h.get("mcp-protocol-version")?.to_str().ok()?.trim();
+    if v != MODERN_VERSION {
+        return None;
+    }
+    let mut r = crate::facade::plain(
+        405,
+        "text/plain",
+        "Method Not Allowed: protocol version 2026-07-28 is served by POST only",
+    );
+    r.headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    Some(r)
+}
+
+/// Chooses the era of a POST to `/mcp` and serves it when it is modern.
+///
+/// A POST with `Mcp-Session-Id` and a 2025 `MCP-Protocol-Version` (or none) goes to the sessionful
+/// face without its body being read here. Any other body is read (same limits as there) and
+/// classified: a `params._meta` protocol-version claim, or `MCP-Protocol-Version: 2026-07-28`,
+/// makes it modern.
+pub async fn select(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Era {
+    let h = req.headers();
+    let hv = h
+        .get("mcp-protocol-version")
+        .map(|v| v.to_str().unwrap_or("\u{fffd}").trim().to_string());
+    let legacy_header = hv
+        .as_deref()
+        .is_none_or(|v| crate::facade::streamable::SUPPORTED_VERSIONS.contains(&v));
+    if legacy_header && h.contains_key("mcp-session-id") {
+        return Era::Legacy(req.map(Either::Left));
+    }
+    let (parts, body) = req.into_parts();
+    let body = match read_client_body(ctx, body).await {
+        Ok(b) => b,
+        Err(r) => return Era::Modern(*r),
+    };
+    let parsed = serde_json::from_slice::<Value>(&body);
+    let claims = parsed.as_ref().ok().is_some_and(|v| {
+        v.pointer("/params/_meta")
+            .and_then(|m| m.get(wire::META_VERSION))
+            .is_some()
+    });
+    // Without a claim only the modern version's header makes a request modern; an unknown
+    // version without one gets the sessionful face's own 400 (which lists what it serves).
+    if !claims && hv.as_deref() != Some(MODERN_VERSION) {
+        return Era::Legacy(Request::from_parts(parts, Either::Right(Full::new(body))));
+    }
+    if let Some(r) = wire::media_refusal(&parts.headers) {
+        let id = parsed
+            .ok()
+            .and_then(|v| v.get("id").cloned())
+            .unwrap_or(Value::Null);
+        return Era::Modern(refusal_resp(&id, r));
+    }
+    Era::Modern(
+        ctx.modern
+            .post(caller, &parts.headers, hv.as_deref(), parsed)
+            .await,
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses
+
+fn json_resp(status: u16, body: &Value) -> Resp {
+    crate::facade::plain(status, "application/json", body.to_string())
+}
+
+/// A JSON-RPC error answer.
+fn rpc_error(status: u16, id: &Value, code: i64, message: &str, data: Option<Value>) -> Resp {
+    json_resp(status, &error_msg(id, code, message, data))
+}
+
+fn error_msg(id: &Value, code: i64, message: &str, data: Option<Value>) -> Value {
+    let mut e = json!({"code": code, "message": message});
+    if let Some(d) = data {
+        e["data"] = d;
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": e})
+}
+
+fn result_msg(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+fn refusal_resp(id: &Value, r: Refusal) -> Resp {
+    rpc_error(r.status, id, r.code, &r.message, r.data)
+}
+
+/// An SSE response whose events come from `rx` (no event ids, no retry).
+fn sse(rx: mpsc::Receiver<Bytes>, metrics: &Metrics) -> Resp {
+    let gauge = metrics.client_streams(Facade::Streamable);
+    let body = SseBody::from_channel(rx, gauge);
+    let mut r = Response::new(Either::Right(body));
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("no-cache, no-transform"),
+    );
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    *r.status_mut() = StatusCode::OK;
+    r
+}
+
+const KEEPALIVE: &[u8] = b": keepalive\n\n";
+
+/// A result relayed from the legacy upstream, made a 2026-07-28 result.
+fn finish_result(mut r: Value, method: &str, server_info: Option<&Value>, ttl_ms: u64) -> Value {
+    let Some(o) = r.as_object_mut() else {
+        return r;
+    };
+    o.insert("resultType".into(), json!("complete"));
+    tasks::strip_related_task(o);
+    if CACHEABLE.contains(&method) {
+        o.insert("ttlMs".into(), json!(ttl_ms));
+        o.insert("cacheScope".into(), json!("private"));
+    }
+    if method == "tools/list" {
+        // 2025-only vocabulary (tasks v1 `execution.taskSupport`).
+        if let Some(tools) = o.get_mut("tools").and_then(Value::as_array_mut) {
+            for t in tools.iter_mut().filter_map(Value::as_object_mut) {
+                t.remove("execution");
+            }
+        }
+    }
+    if let Some(si) = server_info {
+        let meta = o
+            .entry("_meta")
+            .or_insert_with(|| json!({}))
+            .as_object_mut();
+        if let Some(m) = meta {
+            m.insert(SERVER_INFO.into(), si.clone());
+        }
+    }
+    r
+}
+
+/// The client's answer for the upstream's response `msg` to request `inb`.
+fn map_response(msg: &Value, inb: &Inbound, server_info: Option<&Value>, ttl_ms: u64) -> Value {
+    if let Some(r) = msg.get("result") {
+        return result_msg(
+            &inb.id,
+            finish_result(r.clone(), &inb.method, server_info, ttl_ms),
+        );
+    }
+    let e = &msg["error"];
+    let code = e["code"].as_i64().unwrap_or(-32603);
+    let message = e["message"].as_str().unwrap_or("upstream error");
+    if code == -32002 {
+        // 2026-07-28 retired -32002 (resource not found) for -32602 with the URI.
+        let uri = inb.params.get("uri").cloned().unwrap_or(Value::Null);
+        return error_msg(&inb.id, -32602, message, Some(json!({"uri": uri})));
+    }
+    error_msg(&inb.id, code, message, e.get("data").cloned())
+}
+
+fn lost(id: &Value) -> Value {
+    error_msg(
+        id,
+        crate::jsonrpc::INFLIGHT_ABORTED,
+        "request aborted: upstream session lost",
+        Some(json!({"reason": "upstream_lost"})),
+    )
+}
+
+fn upstream_unavailable(id: &Value, e: &crate::error::Error) -> Resp {
+    tracing::warn!(error = %crate::error::chain(e), "no upstream session for a 2026-07-28 request");
+    rpc_error(
+        200,
+        id,
+        -32603,
+        &format!("upstream unavailable: {e}"),
+        Some(json!({"reason": "upstream_unavailable"})),
+    )
+}
+
+fn level_rank(l: &str) -> Option<u8> {
+    [
+        "debug",
+        "info",
+        "notice",
+        "warning",
+        "error",
+        "critical",
+        "alert",
+        "emergency",
+    ]
+    .iter()
+    .position(|x| *x == l)
+    .map(|p| p as u8)
+}
+
+/// Completes when the proxy drains.
+async fn draining(drain: &mut watch::Receiver<bool>) {
+    // The `Ref` is dropped here: it must not live across the caller's awaits.
+    let _ = drain.wait_for(|d| *d).await;
+}
+
+/// Where a call's messages go: a client SSE stream, or nowhere (a JSON answer).
+type Sink = Option<mpsc::Sender<Bytes>>;
+
+/// How a call ended for the request driving it.
+enum Ended {
+    /// The answer to send.
+    Answer(Value),
+    /// The client went away: nothing to send.
+    Gone,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+
+impl Modern {
+    /// Serves one modern POST: the validation ladder, then the method.
+    async fn post(
+        self: &Arc<Self>,
+        caller: &Caller,
+        h: &HeaderMap,
+        header_version: Option<&str>,
+        body: Result<Value, serde_json::Error>,
+    ) -> Resp {
+        let inb = match wire::validate(h, header_version, body) {
+            Ok(wire::Checked::Request(inb)) => inb,
+            Ok(wire::Checked::Notification { method, params }) => {
+                if method == "notifications/cancelled" {
+                    if let Some(rid) = params.get("requestId") {
+                        self.hub.close(caller.identity.as_ref(), rid);
+                    }
+                }
+                return crate::facade::plain(202, "text/plain", Bytes::new());
+            }
+            Err((id, r)) => return refusal_resp(&id, r),
+        };
+        let inb = inb.with_identity(caller.identity);
+        match inb.method.as_str() {
+            "server/discover" => self.discover(&inb).await,
+            "subscriptions/listen" => self.listen(&inb).await,
+            "tasks/get" | "tasks/update" | "tasks/cancel" => self.task_method(&inb),
+            _ => self.forward(inb).await,
+        }
+    }
+
+    async fn discover(self: &Arc<Self>, inb: &Inbound) -> Resp {
+        let init = match self.pool.latest_init() {
+            Some(i) => i,
+            None => match self.pool.lease(&inb.key, false).await {
+                Ok(l) => l.session.init.get().cloned().unwrap_or_default(),
+                Err(e) => return upstream_unavailable(&inb.id, &e),
+            },
+        };
+        let mut caps = init
+            .get("capabilities")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        caps.remove("tasks");
+        caps.insert("extensions".into(), json!({TASKS_EXT: {}}));
+        let mut r = json!({
+            "supportedVersions": SERVED_VERSIONS,
+            "capabilities": caps,
+            "resultType": "complete",
+            "ttlMs": self.cfg.modern.cache_ttl_ms,
+            "cacheScope": "private",
+        });
+        if let Some(i) = init.get("instructions").filter(|v| v.is_string()) {
+            r["instructions"] = i.clone();
+        }
+        if let Some(si) = init.get("serverInfo") {
+            r["_meta"] = json!({SERVER_INFO: si});
+        }
+        json_resp(200, &result_msg(&inb.id, r))
+    }
+
+    fn task_method(self: &Arc<Self>, inb: &Inbound) -> Resp {
+        let id = inb
+            .params
+            .get("taskId")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let who = inb.identity.as_ref();
+        let not_found = || {
+            rpc_error(
+                200,
+                &inb.id,
+                -32602,
+                "Failed to retrieve task: Task not found",
+                None,
+            )
+        };
+        let ack = || json_resp(200, &result_msg(&inb.id, json!({"resultType": "complete"})));
+        match inb.method.as_str() {
+            "tasks/get" => match self.tasks.get(who, id) {
+                Some(mut t) => {
+                    t["resultType"] = json!("complete");
+                    json_resp(200, &result_msg(&inb.id, t))
+                }
+                None => not_found(),
+            },
+            "tasks/update" => {
+                let responses = inb
+                    .params
+                    .get("inputResponses")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                if self.tasks.update(who, id, responses) {
+                    ack()
+                } else {
+                    not_found()
+                }
+            }
+            _ => {
+                if self.tasks.cancel(who, id) {
+                    ack()
+                } else {
+                    not_found()
+                }
+            }
+        }
+    }
+
+    /// Forwards a request upstream (or continues a parked one) and answers it.
+    async fn forward(self: &Arc<Self>, inb: Inbound) -> Resp {
+        let mrtr_ok = MRTR_METHODS.contains(&inb.method.as_str());
+        let binding = Binding::of(&inb.method, &inb.params);
+        let retry = inb.params.get("requestState").cloned();
+        let (call, next_key) = match retry {
+            Some(state) => {
+                let Some(state) = state.as_str().filter(|_| mrtr_ok) else {
+                    return rpc_error(200, &inb.id, -32602, "Invalid params: requestState", None);
+                };
+                let responses = match inb.params.get("inputResponses") {
+                    None => Map::new(),
+                    Some(Value::Object(m)) => m.clone(),
+                    Some(_) => {
+                        return rpc_error(
+                            200,
+                            &inb.id,
+                            -32602,
+                            "Invalid params: inputResponses must be an object",
+                            None,
+                        )
+                    }
+                };
+                let parked = match self.mrtr.take(state, inb.identity.as_ref(), &binding) {
+                    Ok(p) => p,
+                    Err(e) => return rpc_error(200, &inb.id, -32602, e.message(), None),
+                };
+                let mut waiting = Vec::new();
+                for p in parked.pending {
+                    match responses.get(&p.key) {
+                        Some(r) if r.is_object() => {
+                            parked
+                                .call
+                                .session()
+                                .answer(&p.upstream_id, Ok(r.clone()))
+                                .await;
+                        }
+                        // Missing (or not a result object): ask again.
+                        _ => waiting.push(p),
+                    }
+                }
+                if !waiting.is_empty() {
+                    let answer =
+                        self.input_required(&inb, parked.call, waiting, parked.next_key, &binding);
+                    return json_resp(200, &answer);
+                }
+                (parked.call, parked.next_key)
+            }
+            None => {
+                let call = match self.pool.call(&inb.key, mrtr_ok).await {
+                    Ok(c) => c,
+                    Err(e) => return upstream_unavailable(&inb.id, &e),
+                };
+                let msg = json!({"jsonrpc": "2.0", "id": call.upstream_id, "method": inb.method,
+                    "params": upstream_params(&inb.params, call.upstream_id, mrtr_ok)});
+                if let Err(e) = call.session().post(&msg).await {
+                    call.finish();
+                    return upstream_unavailable(&inb.id, &e);
+                }
+                (call, 1)
+            }
+        };
+        let task_after =
+            (inb.tasks && inb.method == "tools/call").then(|| match self.tasks.config().mode {
+                TaskMode::Always => Duration::ZERO,
+                TaskMode::After => Duration::from_millis(self.tasks.config().after_ms),
+            });
+        let streaming = inb.progress.is_some() || inb.log_level.is_some();
+        if !streaming {
+            return match self
+                .drive(call, &inb, None, next_key, &binding, task_after)
+                .await
+            {
+                Ended::Answer(v) => json_resp(200, &v),
+                Ended::Gone => crate::facade::plain(499, "text/plain", Bytes::new()),
+            };
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let me = self.clone();
+        tokio::spawn(async move {
+            let sink = Some(tx.clone());
+            if let Ended::Answer(v) = me
+                .drive(call, &inb, sink, next_key, &binding, task_after)
+                .await
+            {
+                let _ = tx.send(listen::frame(&v)).await;
+            }
+        });
+        sse(rx, &self.metrics)
+    }
+
+    /// Answers with an `InputRequiredResult`, parking `call`.
+    fn input_required(
+        &self,
+        inb: &Inbound,
+        call: UpCall,
+        pending: Vec<Pending>,
+        next_key: u64,
+        binding: &Binding,
+    ) -> Value {
+        let server_info = call
+            .session()
+            .init
+            .get()
+            .and_then(|i| i.get("serverInfo"))
+            .cloned();
+        let reqs: Map<String, Value> = pending
+            .iter()
+            .map(|p| {
+                (
+                    p.key.clone(),
+                    json!({"method": p.method, "params": p.params}),
+                )
+            })
+            .collect();
+        let state = self.mrtr.park(
+            call,
+            pending,
+            next_key,
+            binding.clone(),
+            inb.identity.as_ref(),
+        );
+        let mut r =
+            json!({"resultType": "input_required", "inputRequests": reqs, "requestState": state});
+        if let Some(si) = server_info {
+            r["_meta"] = json!({SERVER_INFO: si});
+        }
+        result_msg(&inb.id, r)
+    }
+
+    /// Runs a call until it answers, needs input, becomes a task, or its client goes away.
+    async fn drive(
+        self: &Arc<Self>,
+        mut call: UpCall,
+        inb: &Inbound,
+        sink: Sink,
+        mut next_key: u64,
+        binding: &Binding,
+        mut task_after: Option<Duration>,
+    ) -> Ended {
+        let server_info = call
+            .session()
+            .init
+            .get()
+            .and_then(|i| i.get("serverInfo"))
+            .cloned();
+        let ttl = self.cfg.modern.cache_ttl_ms;
+        let mut drain = self.drain.clone();
+        let started = tokio::time::Instant::now();
+        let mut keepalive = tokio::time::interval_at(started + self.keepalive, self.keepalive);
+        let emit = |msg: Value| {
+            let sink = sink.clone();
+            async move {
+                match sink {
+                    Some(s) => s.send(listen::frame(&msg)).await.is_ok(),
+                    None => true,
+                }
+            }
+        };
+        // `upstream.request_timeout_secs`, per client request (a retry starts it anew).
+        let timeout_at = self.cfg.request_timeout().map(|d| started + d);
+        loop {
+            let task_at = task_after.map(|d| started + d);
+            tokio::select! {
+                m = call.rx.recv() => match m {
+                    Some(UpMsg::Progress(mut p)) => {
+                        if let (Some(tok), Some(o)) = (&inb.progress, p.as_object_mut()) {
+                            o.insert("progressToken".into(), tok.clone());
+                            let n = json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": p});
+                            if !emit(n).await {
+                                return Ended::Gone;
+                            }
+                        }
+                    }
+                    Some(UpMsg::Log(p)) => {
+                        let lvl = p.get("level").and_then(Value::as_str).and_then(level_rank);
+                        if let (Some(want), Some(got)) = (inb.log_level, lvl) {
+                            if got >= want {
+                                let n = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": p});
+                                if !emit(n).await {
+                                    return Ended::Gone;
+                                }
+                            }
+                        }
+                    }
+                    Some(UpMsg::Input { id, method, params }) => {
+                        let declared = match method.as_str() {
+                            "sampling/createMessage" => inb.caps.get("sampling").is_some(),
+                            "elicitation/create" => inb.caps.get("elicitation").is_some(),
+                            _ => inb.caps.get("roots").is_some(),
+                        };
+                        if !MRTR_METHODS.contains(&inb.method.as_str()) || !declared {
+                            call.session().answer(&id, Err(json!({"code": -32601,
+                                "message": format!("{method} is not available to this request")}))).await;
+                            continue;
+                        }
+                        let key = format!("input-{next_key}");
+                        next_key += 1;
+                        let params = mrtr::client_params(&method, &params);
+                        let p = Pending { key, upstream_id: id, method, params };
+                        return Ended::Answer(self.input_required(inb, call, vec![p], next_key, binding));
+                    }
+                    Some(UpMsg::Response(msg)) => {
+                        call.finish();
+                        return Ended::Answer(map_response(&msg, inb, server_info.as_ref(), ttl));
+                    }
+                    Some(UpMsg::Cancelled) => {
+                        call.finish();
+                        return Ended::Answer(error_msg(&inb.id, -32603, "the upstream cancelled the request",
+                            Some(json!({"reason": "upstream_cancelled"}))));
+                    }
+                    Some(UpMsg::Lost) | None => {
+                        call.finish();
+                        return Ended::Answer(lost(&inb.id));
+                    }
+                },
+                _ = async { tokio::time::sleep_until(task_at.expect("guarded")).await }, if task_at.is_some() => {
+                    let tool = inb.params.get("name").and_then(Value::as_str).unwrap_or("");
+                    match self.tasks.begin(inb.identity, tool).await {
+                        Ok(t) => {
+                            let r = self.tasks.start(t, call, server_info.clone());
+                            return Ended::Answer(result_msg(&inb.id, r));
+                        }
+                        Err(e) => {
+                            // The call stays a plain request.
+                            tracing::error!(error = %e, "cannot create a task; the call goes on without one");
+                            task_after = None;
+                        }
+                    }
+                }
+                _ = async { tokio::time::sleep_until(timeout_at.expect("guarded")).await }, if timeout_at.is_some() => {
+                    // Dropped unfinished: the upstream call is cancelled.
+                    drop(call);
+                    let secs = self.cfg.upstream.request_timeout_secs;
+                    return Ended::Answer(error_msg(&inb.id, crate::jsonrpc::REQUEST_TIMEOUT,
+                        &format!("upstream did not answer within {secs} s (upstream.request_timeout_secs)"),
+                        Some(json!({"reason": "request_timeout", "timeout_secs": secs}))));
+                }
+                _ = keepalive.tick(), if sink.is_some() => {
+                    if let Some(s) = &sink {
+                        if s.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
+                            return Ended::Gone;
+                        }
+                    }
+                }
+                _ = async { if let Some(s) = &sink { s.closed().await } else { std::future::pending().await } } => {
+                    return Ended::Gone;
+                }
+                _ = draining(&mut drain) => {
+                    return Ended::Answer(error_msg(&inb.id, crate::jsonrpc::INFLIGHT_ABORTED,
+                        "request aborted: the proxy is shutting down", Some(json!({"reason": "shutdown"}))));
+                }
+            }
+        }
+    }
+
+    async fn listen(self: &Arc<Self>, inb: &Inbound) -> Resp {
+        let want = inb
+            .params
+            .get("notifications")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let task_ids = want.get("taskIds").and_then(Value::as_array);
+        if task_ids.is_some() && !inb.tasks {
+            return refusal_resp(&inb.id, Refusal::missing_tasks());
+        }
+        let lease = match self.pool.lease(&inb.key, false).await {
+            Ok(l) => l,
+            Err(e) => return upstream_unavailable(&inb.id, &e),
+        };
+        let init = lease.session.init.get().cloned().unwrap_or_default();
+        // List changes are honoured whenever asked for: the proxy relays whatever the upstream
+        // sends, and some upstreams send them without declaring `listChanged` (FastMCP 1.x).
+        let on = |k: &str| want.get(k).and_then(Value::as_bool) == Some(true);
+        let filter = Filter {
+            tools: on("toolsListChanged"),
+            prompts: on("promptsListChanged"),
+            resources: on("resourcesListChanged"),
+            resource_uris: Vec::new(),
+            task_ids: task_ids.map(|ids| {
+                ids.iter()
+                    .filter_map(Value::as_str)
+                    .filter(|id| self.tasks.exists(inb.identity.as_ref(), id))
+                    .map(str::to_string)
+                    .collect()
+            }),
+        };
+        let mut filter = filter;
+        // Resource subscriptions: honoured when the upstream supports them, subscribed on the
+        // upstream session this listen pins (and unsubscribed when it ends).
+        if init.pointer("/capabilities/resources/subscribe") == Some(&json!(true)) {
+            let uris = want.get("resourceSubscriptions").and_then(Value::as_array);
+            for uri in uris.into_iter().flatten().filter_map(Value::as_str) {
+                if !filter.resource_uris.iter().any(|u| u == uri)
+                    && lease.session.subscribe(uri).await
+                {
+                    filter.resource_uris.push(uri.to_string());
+                }
+            }
+        }
+        let server_info = init.get("serverInfo").cloned();
+        let sub_id = inb.id.clone();
+        let (n, mut inbox) = self
+            .hub
+            .register(inb.identity, sub_id.clone(), filter.clone());
+        let (tx, rx) = mpsc::channel(64);
+        let me = self.clone();
+        let pinned = lease.pin();
+        let uris = filter.resource_uris.clone();
+        tokio::spawn(async move {
+            let registered = me.hub.guard(n);
+            let mut drain = me.drain.clone();
+            let mut keepalive =
+                tokio::time::interval_at(tokio::time::Instant::now() + me.keepalive, me.keepalive);
+            let graceful = async {
+                if tx.send(listen::ack(&filter, &sub_id)).await.is_err() {
+                    return false;
+                }
+                loop {
+                    tokio::select! {
+                        m = inbox.recv() => match m {
+                            Some(b) => if tx.send(b).await.is_err() { return false },
+                            None => return true,
+                        },
+                        _ = keepalive.tick() => {
+                            if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
+                                return false;
+                            }
+                        }
+                        _ = tx.closed() => return false,
+                        _ = draining(&mut drain) => return true,
+                    }
+                }
+            };
+            if graceful.await {
+                let _ = tx.send(listen::end(&sub_id, server_info.as_ref())).await;
+            }
+            drop(registered);
+            for uri in &uris {
+                pinned.session().unsubscribe(uri).await;
+            }
+        });
+        sse(rx, &self.metrics)
+    }
+}
+
+/// The params sent upstream: the 2026 envelope and MRTR fields removed, the progress token
+/// replaced by the upstream id (always set for calls that may become tasks or report status).
+fn upstream_params(params: &Map<String, Value>, upstream_id: u64, always_progress: bool) -> Value {
+    let mut p = params.clone();
+    p.remove("inputResponses");
+    p.remove("requestState");
+    let mut meta = p
+        .remove("_meta")
+        .and_then(|m| m.as_object().cloned())
+        .unwrap_or_default();
+    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+    let asked = meta.remove("progressToken").is_some();
+    if asked || always_progress {
+        meta.insert("progressToken".into(), json!(upstream_id));
+    }
+    if !meta.is_empty() {
+        p.insert("_meta".into(), Value::Object(meta));
+    }
+    Value::Object(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_params_drop_the_envelope() {
+        let p: Map<String, Value> = serde_json::from_value(json!({
+            "name": "x", "requestState": "s", "inputResponses": {},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "progressToken": 7, "k": 1}
+        }))
+        .unwrap();
+        assert_eq!(
+            upstream_params(&p, 3, false),
+            json!({"name": "x", "_meta": {"k": 1, "progressToken": 3}})
+        );
+        let p: Map<String, Value> = serde_json::from_value(json!({"_meta": {}})).unwrap();
+        assert_eq!(upstream_params(&p, 3, false), json!({}));
+        assert_eq!(
+            upstream_params(&p, 3, true),
+            json!({"_meta": {"progressToken": 3}})
+        );
+    }
+
+    #[test]
+    fn results_become_modern() {
+        let r = finish_result(
+            json!({"tools": [{"name": "a", "execution": {"taskSupport": "optional"}}]}),
+            "tools/list",
+            Some(&json!({"name": "up", "version": "1"})),
+            0,
+        );
+        assert_eq!(
+            r,
+            json!({"tools": [{"name": "a"}], "resultType": "complete", "ttlMs": 0,
+                "cacheScope": "private", "_meta": {SERVER_INFO: {"name": "up", "version": "1"}}})
+        );
+        let r = finish_result(json!({"content": []}), "tools/call", None, 5);
+        assert_eq!(r, json!({"content": [], "resultType": "complete"}));
+    }
+
+    #[test]
+    fn modern_get_and_delete_are_405() {
+        let mut h = HeaderMap::new();
+        assert!(refuse_get_delete(&h).is_none());
+        h.insert(
+            "mcp-protocol-version",
+            HeaderValue::from_static("2025-11-25"),
+        );
+        assert!(refuse_get_delete(&h).is_none());
+        h.insert(
+            "mcp-protocol-version",
+            HeaderValue::from_static("2026-07-28"),
+        );
+        assert_eq!(refuse_get_delete(&h).unwrap().status(), 405);
+    }
+}

@@ -1,0 +1,831 @@
+//! The pool of upstream legacy sessions that serve 2026-07-28 requests.
+//!
+//! A modern request carries no session, but the legacy upstream speaks only in sessions: the proxy
+//! opens them itself (`GET sse_url`, `initialize` with the capabilities the clients declared,
+//! `notifications/initialized`) and keeps them in a pool keyed by the caller's identity and those
+//! capabilities, so an upstream session is never shared across identities and the upstream always
+//! knows what the client in front of it can do (server-everything registers its sampling and
+//! elicitation tools only for clients that declared them).
+//!
+//! Requests that may make the upstream ask the client something (`tools/call`, `prompts/get`,
+//! `resources/read`) lease a session **exclusively**: the legacy protocol does not say which
+//! request a server→client request belongs to, so the one request in flight on the session is the
+//! only honest attribution. Other requests share sessions. Request ids and progress tokens are
+//! rewritten to numbers unique per upstream session (modern clients reuse small integers).
+//!
+//! Each session has a pump task reading its upstream stream and routing every message: responses
+//! and progress to the request they belong to, `notifications/message` to the single request in
+//! flight (dropped when there are several), server→client requests to the lease holder (answered
+//! with an error when nobody holds the session), list-changed and resource-updated notifications
+//! to the [`Hub`] of listen streams. Idle sessions close after `modern.pool_idle_secs`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use prometheus::IntGauge;
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+
+use super::listen::Hub;
+use crate::error::{Error, Result};
+use crate::identity::Identity;
+use crate::upstream::{
+    self, HttpClient, UpstreamItem, UpstreamLink, UpstreamReader, UpstreamSettings,
+};
+
+/// The protocol version the proxy asks the upstream for (the newest the legacy face knows).
+pub const UPSTREAM_VERSION: &str = "2025-11-25";
+
+/// What the pool is keyed by: who is asking, and what their client can do.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PoolKey {
+    /// The caller's identity (`None`: anonymous callers share anonymous sessions).
+    pub identity: Option<Identity>,
+    /// The client capabilities the upstream must know, as compact JSON with sorted keys.
+    pub caps: String,
+}
+
+impl PoolKey {
+    /// The key for `identity` and a request's declared client capabilities: only what a legacy
+    /// server can act on (`sampling`, `elicitation`, `roots`) is kept.
+    pub fn new(identity: Option<Identity>, caps: &Value) -> Self {
+        let mut m = Map::new();
+        for k in ["sampling", "elicitation", "roots"] {
+            if let Some(v) = caps.get(k).filter(|v| v.is_object()) {
+                m.insert(k.to_string(), v.clone());
+            }
+        }
+        // serde_json's map is ordered by key: equal capabilities give equal keys.
+        Self {
+            identity,
+            caps: Value::Object(m).to_string(),
+        }
+    }
+
+    fn upstream_caps(&self) -> Value {
+        serde_json::from_str(&self.caps).unwrap_or_else(|_| json!({}))
+    }
+}
+
+/// A message from the upstream for one request.
+#[derive(Debug)]
+pub enum UpMsg {
+    /// `notifications/progress` params (the token is still the upstream one).
+    Progress(Value),
+    /// `notifications/message` params.
+    Log(Value),
+    /// A server→client request (sampling, elicitation, roots) while this request held the lease.
+    Input {
+        /// The upstream's id of its request (to answer it with).
+        id: Value,
+        /// Its method.
+        method: String,
+        /// Its params.
+        params: Value,
+    },
+    /// The response (the whole JSON-RPC message).
+    Response(Value),
+    /// The upstream cancelled the request (`notifications/cancelled`).
+    Cancelled,
+    /// The upstream session is gone.
+    Lost,
+}
+
+struct Route {
+    tx: mpsc::UnboundedSender<UpMsg>,
+}
+
+struct State {
+    next_id: u64,
+    routes: HashMap<u64, Route>,
+    /// The request holding the exclusive lease, when it has a route.
+    lease_route: Option<u64>,
+    leased: bool,
+    /// Listen streams holding the session open.
+    pins: usize,
+    /// Upstream resource subscriptions of those listens: URI → how many listens want it.
+    subs: HashMap<String, usize>,
+    last_used: Instant,
+    dead: bool,
+}
+
+/// One upstream legacy session opened by the pool.
+pub struct UpSession {
+    /// Pool-local number (for logs).
+    pub n: u64,
+    key: PoolKey,
+    link: UpstreamLink,
+    /// The upstream's `initialize` result (set once, before the session is shared).
+    pub init: std::sync::OnceLock<Value>,
+    st: Mutex<State>,
+    pump: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl std::fmt::Debug for UpSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpSession").field("n", &self.n).finish()
+    }
+}
+
+impl UpSession {
+    // Plain data, never held across an await.
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Is the upstream session gone?
+    pub fn is_dead(&self) -> bool {
+        self.lock().dead
+    }
+
+    /// Registers a request and returns its upstream id and the channel of its messages.
+    fn route(&self, lease_holder: bool) -> (u64, mpsc::UnboundedReceiver<UpMsg>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut st = self.lock();
+        st.next_id += 1;
+        let id = st.next_id;
+        if st.dead {
+            let _ = tx.send(UpMsg::Lost);
+        }
+        st.routes.insert(id, Route { tx });
+        if lease_holder {
+            st.lease_route = Some(id);
+        }
+        st.last_used = Instant::now();
+        (id, rx)
+    }
+
+    fn unroute(&self, id: u64) {
+        let mut st = self.lock();
+        st.routes.remove(&id);
+        if st.lease_route == Some(id) {
+            st.lease_route = None;
+        }
+        st.last_used = Instant::now();
+    }
+
+    /// Posts one message upstream.
+    ///
+    /// # Errors
+    /// As [`UpstreamLink::post`].
+    pub async fn post(&self, msg: &Value) -> Result<()> {
+        self.link.post(Bytes::from(msg.to_string())).await
+    }
+
+    /// Sends a request of the proxy's own and waits (at most `limit`) for its response.
+    ///
+    /// # Errors
+    /// Upstream errors; [`Error::UpstreamTimeout`] past `limit`; [`Error::UpstreamLost`].
+    pub async fn request(&self, method: &str, params: Value, limit: Duration) -> Result<Value> {
+        let (id, mut rx) = self.route(false);
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let r = async {
+            self.post(&msg).await?;
+            loop {
+                match rx.recv().await {
+                    Some(UpMsg::Response(r)) => return Ok(r),
+                    // Its log messages and progress are nobody's concern.
+                    Some(UpMsg::Log(_) | UpMsg::Progress(_)) => {}
+                    Some(UpMsg::Input { id, method, .. }) => {
+                        self.answer(&id, Err(json!({"code": -32601,
+                            "message": format!("{method} is not available to the proxy's own requests")})))
+                            .await;
+                    }
+                    _ => return Err(Error::UpstreamLost),
+                }
+            }
+        };
+        let out = tokio::time::timeout(limit, r).await.unwrap_or_else(|_| {
+            Err(Error::UpstreamTimeout(format!(
+                "{method} not answered in time"
+            )))
+        });
+        self.unroute(id);
+        out
+    }
+
+    /// Subscribes to `uri` upstream unless a listen on this session already did. `false` when
+    /// the upstream refused.
+    pub async fn subscribe(&self, uri: &str) -> bool {
+        let first = {
+            let mut st = self.lock();
+            let n = st.subs.entry(uri.to_string()).or_insert(0);
+            *n += 1;
+            *n == 1
+        };
+        if !first {
+            return true;
+        }
+        let r = self
+            .request(
+                "resources/subscribe",
+                json!({"uri": uri}),
+                Duration::from_secs(10),
+            )
+            .await;
+        let ok = matches!(&r, Ok(m) if m.get("result").is_some());
+        tracing::debug!(upstream = self.n, ok, answer = ?r, "resources/subscribe");
+        if !ok {
+            self.lock().subs.remove(uri);
+        }
+        ok
+    }
+
+    /// Drops one listen's interest in `uri`; unsubscribes upstream when it was the last.
+    pub async fn unsubscribe(&self, uri: &str) {
+        let last = {
+            let mut st = self.lock();
+            match st.subs.get_mut(uri) {
+                Some(n) if *n > 1 => {
+                    *n -= 1;
+                    false
+                }
+                Some(_) => {
+                    st.subs.remove(uri);
+                    true
+                }
+                None => false,
+            }
+        };
+        if last && !self.is_dead() {
+            let _ = self
+                .request(
+                    "resources/unsubscribe",
+                    json!({"uri": uri}),
+                    Duration::from_secs(10),
+                )
+                .await;
+        }
+    }
+
+    /// Answers a server→client request of the upstream.
+    pub async fn answer(&self, id: &Value, outcome: std::result::Result<Value, Value>) {
+        let msg = match outcome {
+            Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+            Err(error) => json!({"jsonrpc": "2.0", "id": id, "error": error}),
+        };
+        if let Err(e) = self.post(&msg).await {
+            tracing::warn!(upstream = self.n, error = %e, "answering an upstream request failed");
+        }
+    }
+
+    fn kill(&self) {
+        let routes: Vec<Route> = {
+            let mut st = self.lock();
+            st.dead = true;
+            st.lease_route = None;
+            st.routes.drain().map(|(_, r)| r).collect()
+        };
+        for r in routes {
+            let _ = r.tx.send(UpMsg::Lost);
+        }
+        if let Some(p) = self.pump.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            // Dropping the reader closes the upstream GET: the upstream session ends.
+            p.abort();
+        }
+    }
+
+    /// Routes one upstream message.
+    async fn dispatch(&self, msg: Value, hub: &Hub) {
+        let method = msg
+            .get("method")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        let id = msg.get("id").filter(|v| !v.is_null()).cloned();
+        match (method, id) {
+            (None, Some(id)) => {
+                let route = id.as_u64().and_then(|n| self.lock().routes.remove(&n));
+                match route {
+                    Some(r) => {
+                        let _ = r.tx.send(UpMsg::Response(msg));
+                    }
+                    None => {
+                        tracing::debug!(
+                            upstream = self.n,
+                            "upstream response to no request in flight dropped"
+                        )
+                    }
+                }
+            }
+            (Some(method), Some(id)) => {
+                let params = msg.get("params").cloned().unwrap_or_else(|| json!({}));
+                if method == "ping" {
+                    self.answer(&id, Ok(json!({}))).await;
+                    return;
+                }
+                let holder = {
+                    let st = self.lock();
+                    st.lease_route
+                        .and_then(|r| st.routes.get(&r).map(|x| x.tx.clone()))
+                };
+                let known = matches!(
+                    method.as_str(),
+                    "sampling/createMessage" | "elicitation/create" | "roots/list"
+                );
+                match holder.filter(|_| known) {
+                    Some(tx) => {
+                        let _ = tx.send(UpMsg::Input { id, method, params });
+                    }
+                    None => {
+                        // No client request to carry it (an upstream asking right after
+                        // `initialized`, or a method 2026-07-28 has no MRTR form for).
+                        tracing::info!(upstream = self.n, method, "upstream request with no client request to carry it answered with an error");
+                        self.answer(
+                            &id,
+                            Err(json!({"code": -32601, "message": format!("{method} is not available: no client request is waiting on this upstream session")})),
+                        )
+                        .await;
+                    }
+                }
+            }
+            (Some(method), None) => {
+                let params = msg.get("params").cloned().unwrap_or_else(|| json!({}));
+                match method.as_str() {
+                    "notifications/progress" => {
+                        let token = params.get("progressToken").and_then(Value::as_u64);
+                        let st = self.lock();
+                        if let Some(r) = token.and_then(|t| st.routes.get(&t)) {
+                            let _ = r.tx.send(UpMsg::Progress(params));
+                        }
+                    }
+                    "notifications/message" => {
+                        let st = self.lock();
+                        // Attributable only when exactly one request is in flight.
+                        if st.routes.len() == 1 {
+                            if let Some(r) = st.routes.values().next() {
+                                let _ = r.tx.send(UpMsg::Log(params));
+                            }
+                        }
+                    }
+                    "notifications/cancelled" => {
+                        let rid = params.get("requestId").and_then(Value::as_u64);
+                        let route = rid.and_then(|n| self.lock().routes.remove(&n));
+                        if let Some(r) = route {
+                            let _ = r.tx.send(UpMsg::Cancelled);
+                        }
+                    }
+                    "notifications/tools/list_changed"
+                    | "notifications/prompts/list_changed"
+                    | "notifications/resources/list_changed"
+                    | "notifications/resources/updated" => {
+                        hub.upstream_notification(self.key.identity.as_ref(), &method, &params);
+                    }
+                    _ => {}
+                }
+            }
+            (None, None) => {}
+        }
+    }
+}
+
+/// A lease on an upstream session: dropping it gives the session back.
+pub struct Lease {
+    /// The session.
+    pub session: Arc<UpSession>,
+    exclusive: bool,
+    pool: Arc<Pool>,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("session", &self.session.n)
+            .field("exclusive", &self.exclusive)
+            .finish()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        {
+            let mut st = self.session.lock();
+            if self.exclusive {
+                st.leased = false;
+                st.lease_route = None;
+            }
+            st.last_used = Instant::now();
+        }
+        self.pool.freed.notify_waiters();
+    }
+}
+
+/// Holds an upstream session open (a listen stream waiting for its notifications).
+pub struct Pinned(Lease);
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        let mut st = self.0.session.lock();
+        st.pins = st.pins.saturating_sub(1);
+        st.last_used = Instant::now();
+    }
+}
+
+impl Pinned {
+    /// The pinned session.
+    pub fn session(&self) -> &Arc<UpSession> {
+        &self.0.session
+    }
+}
+
+impl Lease {
+    /// Keeps the session open while the returned guard lives.
+    pub fn pin(self) -> Pinned {
+        self.session.lock().pins += 1;
+        Pinned(self)
+    }
+}
+
+/// A request in flight on an upstream session: its messages arrive on `rx`. Dropped before it
+/// is finished (its client went away), it cancels the request upstream.
+pub struct UpCall {
+    /// The lease it runs on.
+    pub lease: Lease,
+    /// Its upstream id (also its upstream progress token).
+    pub upstream_id: u64,
+    /// Its messages.
+    pub rx: mpsc::UnboundedReceiver<UpMsg>,
+    done: bool,
+}
+
+impl std::fmt::Debug for UpCall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpCall")
+            .field("upstream_id", &self.upstream_id)
+            .finish()
+    }
+}
+
+impl UpCall {
+    /// Marks it finished: answered, or already cancelled upstream.
+    pub fn finish(mut self) {
+        self.done = true;
+    }
+
+    /// The session.
+    pub fn session(&self) -> &Arc<UpSession> {
+        &self.lease.session
+    }
+}
+
+impl Drop for UpCall {
+    fn drop(&mut self) {
+        let session = self.lease.session.clone();
+        session.unroute(self.upstream_id);
+        if self.done || session.is_dead() {
+            return;
+        }
+        // The client went away (or the task was cancelled) before the answer: tell the upstream.
+        let id = self.upstream_id;
+        tracing::debug!(
+            upstream = session.n,
+            request = id,
+            "request abandoned: cancelling it upstream"
+        );
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let msg = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                    "params": {"requestId": id, "reason": "client closed the request stream"}});
+                let _ = session.post(&msg).await;
+            });
+        }
+    }
+}
+
+/// Pool settings.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    /// Most upstream sessions open at once.
+    pub max_sessions: usize,
+    /// An upstream session with nothing in flight closes after this long.
+    pub idle: Duration,
+    /// How long a request waits for a session when the pool is full.
+    pub wait: Duration,
+}
+
+/// The pool.
+pub struct Pool {
+    set: PoolSettings,
+    upstream: UpstreamSettings,
+    client: HttpClient,
+    hub: Arc<Hub>,
+    sessions: Mutex<Vec<Arc<UpSession>>>,
+    /// Sessions being opened (count toward the bound).
+    opening: Mutex<usize>,
+    freed: Notify,
+    next: AtomicU64,
+    gauge: IntGauge,
+    /// The newest `initialize` result seen (for `server/discover`).
+    latest_init: Mutex<Option<Value>>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").finish_non_exhaustive()
+    }
+}
+
+impl Pool {
+    /// A new, empty pool.
+    pub fn new(
+        set: PoolSettings,
+        upstream: UpstreamSettings,
+        hub: Arc<Hub>,
+        gauge: IntGauge,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            client: upstream::client(&upstream),
+            set,
+            upstream,
+            hub,
+            sessions: Mutex::new(Vec::new()),
+            opening: Mutex::new(0),
+            freed: Notify::new(),
+            next: AtomicU64::new(0),
+            gauge,
+            latest_init: Mutex::new(None),
+        })
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, Vec<Arc<UpSession>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The newest upstream `initialize` result, if any session was ever opened.
+    pub fn latest_init(&self) -> Option<Value> {
+        self.latest_init
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Number of open upstream sessions.
+    pub fn len(&self) -> usize {
+        self.sessions().len()
+    }
+
+    /// Is the pool empty?
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Starts a request on a session for `key`: exclusive (the session is leased to it alone),
+    /// or shared. Opens a session when none fits, waiting up to `modern.pool_wait_secs` when the
+    /// pool is full of busy sessions.
+    ///
+    /// # Errors
+    /// [`Error::Capacity`] when no session could be had in time; upstream errors of the open.
+    pub async fn call(self: &Arc<Self>, key: &PoolKey, exclusive: bool) -> Result<UpCall> {
+        let lease = self.lease(key, exclusive).await?;
+        let (upstream_id, rx) = lease.session.route(exclusive);
+        Ok(UpCall {
+            lease,
+            upstream_id,
+            rx,
+            done: false,
+        })
+    }
+
+    /// A lease on a session for `key` (see [`Pool::call`]).
+    ///
+    /// # Errors
+    /// As [`Pool::call`].
+    pub async fn lease(self: &Arc<Self>, key: &PoolKey, exclusive: bool) -> Result<Lease> {
+        let deadline = Instant::now() + self.set.wait;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.try_take(key, exclusive) {
+                Take::Got(session) => {
+                    return Ok(Lease {
+                        session,
+                        exclusive,
+                        pool: self.clone(),
+                    })
+                }
+                Take::Open => {
+                    let opened = self.open(key).await;
+                    *self.opening.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    let session = opened?;
+                    let mut st = session.lock();
+                    if exclusive {
+                        st.leased = true;
+                    }
+                    drop(st);
+                    self.sessions().push(session.clone());
+                    self.gauge.set(self.len() as i64);
+                    return Ok(Lease {
+                        session,
+                        exclusive,
+                        pool: self.clone(),
+                    });
+                }
+                Take::Full => {
+                    if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                        return Err(Error::Capacity(format!(
+                            "all {} upstream sessions of the pool are busy (modern.pool_max_sessions)",
+                            self.set.max_sessions
+                        )));
+                    }
+                }
+            }
+        }
+    }
+
+    fn try_take(&self, key: &PoolKey, exclusive: bool) -> Take {
+        let mut all = self.sessions();
+        all.retain(|s| !s.is_dead());
+        self.gauge.set(all.len() as i64);
+        let mine = all.iter().filter(|s| &s.key == key);
+        if exclusive {
+            for s in mine {
+                let mut st = s.lock();
+                if !st.leased && st.routes.is_empty() {
+                    st.leased = true;
+                    st.last_used = Instant::now();
+                    return Take::Got(s.clone());
+                }
+            }
+        } else {
+            // The least busy session of the key, preferring ones nobody leased.
+            let best = mine
+                .map(|s| {
+                    let st = s.lock();
+                    ((st.leased, st.routes.len()), s)
+                })
+                .min_by_key(|(k, _)| *k)
+                .map(|(_, s)| s.clone());
+            if let Some(s) = best {
+                return Take::Got(s);
+            }
+        }
+        let mut opening = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if all.len() + *opening < self.set.max_sessions {
+            *opening += 1;
+            return Take::Open;
+        }
+        // Full: close the session idle the longest (any key) to make room.
+        let idle = all
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                let st = s.lock();
+                !st.leased && st.routes.is_empty() && st.pins == 0
+            })
+            .min_by_key(|(_, s)| s.lock().last_used)
+            .map(|(i, _)| i);
+        if let Some(i) = idle {
+            let victim = all.remove(i);
+            tracing::debug!(
+                upstream = victim.n,
+                "idle upstream session closed to make room"
+            );
+            victim.kill();
+            *opening += 1;
+            return Take::Open;
+        }
+        Take::Full
+    }
+
+    /// Opens and initializes an upstream session for `key`.
+    async fn open(self: &Arc<Self>, key: &PoolKey) -> Result<Arc<UpSession>> {
+        let (link, reader) = upstream::connect(&self.upstream, &self.client).await?;
+        let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let session = Arc::new(UpSession {
+            n,
+            key: key.clone(),
+            link,
+            init: std::sync::OnceLock::new(),
+            st: Mutex::new(State {
+                next_id: 0,
+                routes: HashMap::new(),
+                lease_route: None,
+                leased: false,
+                pins: 0,
+                subs: HashMap::new(),
+                last_used: Instant::now(),
+                dead: false,
+            }),
+            pump: Mutex::new(None),
+        });
+        let pump = tokio::spawn(pump(session.clone(), reader, self.hub.clone()));
+        *session.pump.lock().unwrap_or_else(|e| e.into_inner()) = Some(pump.abort_handle());
+        let (id, mut rx) = session.route(false);
+        let init = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
+            "protocolVersion": UPSTREAM_VERSION,
+            "capabilities": key.upstream_caps(),
+            "clientInfo": {"name": "mcp-resume-proxy", "version": env!("CARGO_PKG_VERSION")},
+        }});
+        let handshake = async {
+            session.post(&init).await?;
+            match rx.recv().await {
+                Some(UpMsg::Response(r)) if r.get("result").is_some() => Ok(r["result"].clone()),
+                Some(UpMsg::Response(_)) => {
+                    Err(Error::Upstream(upstream::UpstreamError::InitializeRefused))
+                }
+                _ => Err(Error::UpstreamLost),
+            }
+        };
+        let result = match tokio::time::timeout(self.upstream.connect_timeout, handshake).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                session.kill();
+                return Err(e);
+            }
+            Err(_) => {
+                session.kill();
+                return Err(Error::UpstreamTimeout(
+                    "initialize not answered in time".into(),
+                ));
+            }
+        };
+        session.unroute(id);
+        session
+            .post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await
+            .inspect_err(|_| session.kill())?;
+        let _ = session.init.set(result.clone());
+        *self.latest_init.lock().unwrap_or_else(|e| e.into_inner()) = Some(result.clone());
+        if result.pointer("/capabilities/logging").is_some() {
+            // Per-request logLevel filtering happens here; the upstream sends everything.
+            let _ = session
+                .request(
+                    "logging/setLevel",
+                    json!({"level": "debug"}),
+                    self.upstream.connect_timeout,
+                )
+                .await;
+        }
+        tracing::debug!(upstream = session.n, "upstream session of the pool opened");
+        Ok(session)
+    }
+
+    /// Closes sessions idle longer than `modern.pool_idle_secs`.
+    pub fn reap(&self) {
+        let mut all = self.sessions();
+        let idle = self.set.idle;
+        all.retain(|s| {
+            let st = s.lock();
+            let keep = !st.dead
+                && (st.leased
+                    || !st.routes.is_empty()
+                    || st.pins > 0
+                    || st.last_used.elapsed() < idle);
+            drop(st);
+            if !keep {
+                tracing::debug!(upstream = s.n, "idle upstream session closed");
+                s.kill();
+            }
+            keep
+        });
+        self.gauge.set(all.len() as i64);
+    }
+
+    /// Closes every session (shutdown): requests in flight get their [`UpMsg::Lost`].
+    pub fn close_all(&self) {
+        let all: Vec<_> = self.sessions().drain(..).collect();
+        for s in all {
+            s.kill();
+        }
+        self.gauge.set(0);
+    }
+}
+
+enum Take {
+    Got(Arc<UpSession>),
+    Open,
+    Full,
+}
+
+async fn pump(session: Arc<UpSession>, mut reader: UpstreamReader, hub: Arc<Hub>) {
+    loop {
+        match reader.next().await {
+            Ok(Some(UpstreamItem::Event(ev))) => {
+                if ev.event.as_deref().is_some_and(|t| t != "message") {
+                    continue;
+                }
+                match serde_json::from_slice::<Value>(&ev.data) {
+                    Ok(msg) if msg.is_object() => session.dispatch(msg, &hub).await,
+                    _ => tracing::warn!(
+                        upstream = session.n,
+                        "upstream message is not a JSON-RPC object; dropped"
+                    ),
+                }
+            }
+            Ok(Some(UpstreamItem::Oversized { len, .. })) => {
+                tracing::error!(
+                    upstream = session.n,
+                    bytes = len,
+                    "upstream event over upstream.max_event_bytes dropped"
+                );
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    tracing::info!(upstream = session.n, "upstream session of the pool lost");
+    session.kill();
+}

@@ -1,0 +1,659 @@
+//! The Tasks extension (`io.modelcontextprotocol/tasks`) backed by the durable log.
+//!
+//! A task is a log session of its own (face [`Facade::Task`], its [`SessionMeta`] carrying the
+//! creating identity), written through the same writer as every other event:
+//!
+//! 1. its meta record (durable when [`Log::create`] returns);
+//! 2. a creation event (`createdAt`, `ttlMs`, `pollIntervalMs`, the tool);
+//! 3. an in-flight record for request `0` on stream `post(0)` — durable in either durability
+//!    mode — and only then is the `CreateTaskResult` returned, so a `tasks/get` for the id
+//!    resolves, after a restart too;
+//! 4. at the end, a [`Kind::Final`] event holding the outcome as a JSON-RPC response (`result`, or
+//!    `error`; a cancellation is an error with `data.reason = "task_cancelled"`), then the end
+//!    marker.
+//!
+//! A restart needs nothing of its own: recovery hands back every log session that was live, and
+//! [`crate::session::Registry::end_interrupted`] answers its in-flight request with a logged
+//! -32091 error — so an unfinished task reads back as `failed` with -32091, and a finished one
+//! with its result. Status messages (from upstream progress) and input requests live in memory
+//! only: after a restart the upstream request they belong to is gone, and the task is failed.
+//!
+//! Task ids are the log session ids: 128 random bits, 32 hex characters. A task answers only the
+//! identity that created it (others get "not found", exactly as for an unknown id); tasks created
+//! without identity answer whoever has the id. After `tasks.ttl_secs` from creation a task is
+//! gone: a live one is cancelled, its log removed.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use prometheus::IntCounterVec;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc;
+
+use super::listen::Hub;
+use super::mrtr::{self, Pending};
+use super::pool::{UpCall, UpMsg};
+use crate::domain::{EndReason, Facade};
+use crate::error::{Error, Result, StoreError};
+use crate::identity::Identity;
+use crate::log::cursor::SessionId;
+use crate::log::{Health, Kind, Log, NewEvent, SessionLog, StreamTag};
+
+/// The in-flight request id of a task's log (its one request).
+const TASK_REQUEST: &str = "0";
+/// The stream of a task's events.
+const TASK_STREAM: StreamTag = StreamTag(2);
+/// `mcp_resume_tasks_total` label values.
+pub const TASK_STATUSES: [&str; 5] = ["created", "completed", "failed", "cancelled", "expired"];
+
+/// When a `tools/call` of a client that declared the extension becomes a task.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskMode {
+    /// Every such call.
+    Always,
+    /// A call still unanswered after `tasks.after_ms` (quick calls stay plain results).
+    After,
+}
+
+/// `[tasks]`: the Tasks extension on the 2026-07-28 face.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TasksConfig {
+    /// `"always"` or `"after"`.
+    pub mode: TaskMode,
+    /// With `mode = "after"`: milliseconds a call may take before it becomes a task.
+    pub after_ms: u64,
+    /// Seconds a task (and its result) is kept from its creation (`ttlMs`).
+    pub ttl_secs: u64,
+    /// Milliseconds between polls suggested to clients (`pollIntervalMs`).
+    pub poll_interval_ms: u64,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        Self {
+            mode: TaskMode::After,
+            after_ms: 1000,
+            ttl_secs: 3600,
+            poll_interval_ms: 1000,
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// ISO 8601 UTC with milliseconds and `Z` (`2026-12-01T11:46:18.806Z`).
+pub fn iso(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+enum Ctl {
+    Update(Map<String, Value>),
+    Cancel,
+}
+
+struct View {
+    status: &'static str,
+    message: Option<String>,
+    updated_ms: u64,
+    inputs: Vec<Pending>,
+}
+
+/// A task running in this process.
+struct Live {
+    identity: Option<Identity>,
+    created_ms: u64,
+    ttl_ms: u64,
+    view: Mutex<View>,
+    ctl: mpsc::UnboundedSender<Ctl>,
+}
+
+/// A task log created, its handle not returned yet.
+pub struct NewTask {
+    sl: Arc<SessionLog>,
+    created_ms: u64,
+    identity: Option<Identity>,
+}
+
+impl std::fmt::Debug for NewTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewTask").field("id", &self.sl.id).finish()
+    }
+}
+
+/// The tasks.
+pub struct Tasks {
+    cfg: TasksConfig,
+    log: Arc<Log>,
+    hub: Arc<Hub>,
+    counter: IntCounterVec,
+    live: Mutex<HashMap<SessionId, Arc<Live>>>,
+}
+
+impl std::fmt::Debug for Tasks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tasks").finish_non_exhaustive()
+    }
+}
+
+fn same(bound: Option<&Identity>, caller: Option<&Identity>) -> bool {
+    match bound {
+        None => true,
+        Some(b) => caller.is_some_and(|c| c.matches(b)),
+    }
+}
+
+impl Tasks {
+    /// The tasks over `log`.
+    pub fn new(
+        cfg: TasksConfig,
+        log: Arc<Log>,
+        hub: Arc<Hub>,
+        counter: IntCounterVec,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            cfg,
+            log,
+            hub,
+            counter,
+            live: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &TasksConfig {
+        &self.cfg
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<Live>>> {
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        self.cfg.ttl_secs.saturating_mul(1000)
+    }
+
+    /// Creates a task durably (steps 1–3 of the module docs), before any handle exists.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the log does not take it.
+    pub async fn begin(&self, identity: Option<Identity>, tool: &str) -> Result<NewTask> {
+        if *self.log.health().borrow() != Health::Ok {
+            return Err(Error::Store(StoreError::Unavailable));
+        }
+        let id = SessionId::random();
+        let sl = self
+            .log
+            .create(
+                id,
+                Facade::Task,
+                Some(super::MODERN_VERSION.into()),
+                identity,
+            )
+            .await?;
+        let created_ms = now_ms();
+        let creation = json!({"task": {"createdAt": created_ms, "ttlMs": self.ttl_ms(),
+            "pollIntervalMs": self.cfg.poll_interval_ms, "tool": tool}});
+        let ev = NewEvent::new(
+            TASK_STREAM,
+            Kind::Message,
+            Bytes::from(creation.to_string()),
+        );
+        let created = async {
+            self.log.append(&sl, ev).await?;
+            self.log.inflight_add(&sl, TASK_REQUEST, TASK_STREAM).await
+        };
+        if let Err(e) = created.await {
+            let _ = self.log.remove(&id).await;
+            return Err(e);
+        }
+        Ok(NewTask {
+            sl,
+            created_ms,
+            identity,
+        })
+    }
+
+    /// Starts running a created task on `call` and returns its `CreateTaskResult`.
+    pub fn start(
+        self: &Arc<Self>,
+        task: NewTask,
+        call: UpCall,
+        server_info: Option<Value>,
+    ) -> Value {
+        let (ctl, ctl_rx) = mpsc::unbounded_channel();
+        let live = Arc::new(Live {
+            identity: task.identity,
+            created_ms: task.created_ms,
+            ttl_ms: self.ttl_ms(),
+            view: Mutex::new(View {
+                status: "working",
+                message: None,
+                updated_ms: task.created_ms,
+                inputs: Vec::new(),
+            }),
+            ctl,
+        });
+        let id = task.sl.id;
+        self.lock().insert(id, live.clone());
+        self.counter.with_label_values(&["created"]).inc();
+        tracing::info!(task = %task.sl.tag, "task created");
+        let mut result = self.live_json(&id, &live);
+        tokio::spawn(self.clone().run(task.sl, live, call, ctl_rx));
+        let r = result.as_object_mut().expect("object");
+        r.insert("resultType".into(), json!("task"));
+        if let Some(si) = server_info {
+            r.insert("_meta".into(), json!({super::SERVER_INFO: si}));
+        }
+        result
+    }
+
+    fn live_json(&self, id: &SessionId, live: &Live) -> Value {
+        let v = live.view.lock().unwrap_or_else(|e| e.into_inner());
+        let mut t = json!({
+            "taskId": id.to_string(),
+            "status": v.status,
+            "createdAt": iso(live.created_ms),
+            "lastUpdatedAt": iso(v.updated_ms),
+            "ttlMs": live.ttl_ms,
+            "pollIntervalMs": self.cfg.poll_interval_ms,
+        });
+        if let Some(m) = &v.message {
+            t["statusMessage"] = json!(m);
+        }
+        if v.status == "input_required" {
+            let reqs: Map<String, Value> = v
+                .inputs
+                .iter()
+                .map(|p| {
+                    (
+                        p.key.clone(),
+                        json!({"method": p.method, "params": p.params}),
+                    )
+                })
+                .collect();
+            t["inputRequests"] = Value::Object(reqs);
+        }
+        t
+    }
+
+    fn changed(&self, id: &SessionId, live: &Live, f: impl FnOnce(&mut View)) {
+        {
+            let mut v = live.view.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut v);
+            v.updated_ms = now_ms();
+        }
+        let t = self.live_json(id, live);
+        self.hub
+            .task_notification(live.identity.as_ref(), &id.to_string(), &t);
+    }
+
+    async fn run(
+        self: Arc<Self>,
+        sl: Arc<SessionLog>,
+        live: Arc<Live>,
+        mut call: UpCall,
+        mut ctl: mpsc::UnboundedReceiver<Ctl>,
+    ) {
+        let id = sl.id;
+        let mut next_key = 1u64;
+        let outcome: Value = loop {
+            tokio::select! {
+                m = call.rx.recv() => match m {
+                    Some(UpMsg::Progress(p)) => {
+                        let msg = status_message(&p);
+                        self.changed(&id, &live, |v| v.message = Some(msg));
+                    }
+                    Some(UpMsg::Log(_)) => {}
+                    Some(UpMsg::Input { id: uid, method, params }) => {
+                        let key = format!("input-{next_key}");
+                        next_key += 1;
+                        let params = mrtr::client_params(&method, &params);
+                        self.changed(&id, &live, |v| {
+                            v.inputs.push(Pending { key, upstream_id: uid, method, params });
+                            v.status = "input_required";
+                        });
+                    }
+                    Some(UpMsg::Response(msg)) => {
+                        call.finish();
+                        break msg;
+                    }
+                    Some(UpMsg::Cancelled) => {
+                        call.finish();
+                        break json!({"error": {"code": -32603, "message": "the upstream cancelled the request",
+                            "data": {"reason": "upstream_cancelled"}}});
+                    }
+                    Some(UpMsg::Lost) | None => {
+                        call.finish();
+                        break json!({"error": {"code": crate::jsonrpc::INFLIGHT_ABORTED,
+                            "message": "request aborted: upstream session lost",
+                            "data": {"reason": "upstream_lost"}}});
+                    }
+                },
+                c = ctl.recv() => match c {
+                    Some(Ctl::Update(responses)) => {
+                        let answered: Vec<Pending> = {
+                            let mut v = live.view.lock().unwrap_or_else(|e| e.into_inner());
+                            let (hit, keep): (Vec<_>, Vec<_>) = v.inputs.drain(..).partition(|p| {
+                                responses.get(&p.key).is_some_and(Value::is_object)
+                            });
+                            v.inputs = keep;
+                            hit
+                        };
+                        if answered.is_empty() {
+                            continue;
+                        }
+                        for p in &answered {
+                            call.session().answer(&p.upstream_id, Ok(responses[&p.key].clone())).await;
+                        }
+                        self.changed(&id, &live, |v| {
+                            if v.inputs.is_empty() {
+                                v.status = "working";
+                            }
+                        });
+                    }
+                    Some(Ctl::Cancel) | None => {
+                        let inputs = std::mem::take(
+                            &mut live.view.lock().unwrap_or_else(|e| e.into_inner()).inputs,
+                        );
+                        for p in inputs {
+                            call.session().answer(&p.upstream_id, mrtr::refusal(&p.method)).await;
+                        }
+                        // Dropped unfinished: `notifications/cancelled` goes upstream.
+                        drop(call);
+                        break json!({"error": {"code": -32603, "message": "task cancelled",
+                            "data": {"reason": "task_cancelled"}}});
+                    }
+                },
+            }
+        };
+        let mut fin = Map::new();
+        fin.insert("jsonrpc".into(), json!("2.0"));
+        fin.insert("id".into(), json!(0));
+        if let Some(r) = outcome.get("result") {
+            fin.insert("result".into(), r.clone());
+        } else {
+            fin.insert(
+                "error".into(),
+                outcome
+                    .get("error")
+                    .cloned()
+                    .unwrap_or_else(|| json!({"code": -32603, "message": "no result"})),
+            );
+        }
+        let payload = Bytes::from(Value::Object(fin).to_string());
+        let mut ev = NewEvent::new(TASK_STREAM, Kind::Final, payload);
+        ev.completes = Some(TASK_REQUEST.into());
+        if let Err(e) = self.log.end(&sl, EndReason::TaskFinished, vec![ev]).await {
+            tracing::error!(task = %sl.tag, error = %e, "a task's outcome is not logged yet (the log retries it)");
+        }
+        self.lock().remove(&id);
+        let task = self.read(&sl);
+        let status = task
+            .as_ref()
+            .and_then(|t| t["status"].as_str())
+            .unwrap_or("failed");
+        if let Some(l) = TASK_STATUSES.iter().find(|s| **s == status) {
+            self.counter.with_label_values(&[l]).inc();
+        }
+        tracing::info!(task = %sl.tag, status, "task finished");
+        if let Some(t) = task {
+            self.hub
+                .task_notification(sl.identity.as_ref(), &id.to_string(), &t);
+        }
+    }
+
+    /// The task's creation event.
+    fn creation(&self, sl: &SessionLog) -> Option<(u64, u64, u64)> {
+        let evs = self.log.read_after(sl, 0, 1).ok()?;
+        let c = evs.first().filter(|e| e.seq == 1)?;
+        let v: Value = serde_json::from_slice(&c.payload).ok()?;
+        let t = v.get("task")?;
+        Some((
+            t["createdAt"].as_u64()?,
+            t["ttlMs"].as_u64()?,
+            t["pollIntervalMs"]
+                .as_u64()
+                .unwrap_or(self.cfg.poll_interval_ms),
+        ))
+    }
+
+    /// A task's state as `tasks/get` shows it, read from the log (finished, or left unfinished
+    /// by an earlier run).
+    fn read(&self, sl: &SessionLog) -> Option<Value> {
+        let (created, ttl, poll) = self.creation(sl)?;
+        let evs = self.log.read_after(sl, 0, 16).ok()?;
+        let fin = evs
+            .iter()
+            .find(|e| e.kind == Kind::Final)
+            .and_then(|e| serde_json::from_slice::<Value>(&e.payload).ok());
+        let updated = sl.ended_unix().map_or(created, |s| (s * 1000).max(created));
+        let mut t = json!({
+            "taskId": sl.id.to_string(),
+            "createdAt": iso(created),
+            "lastUpdatedAt": iso(updated),
+            "ttlMs": ttl,
+            "pollIntervalMs": poll,
+        });
+        match fin {
+            Some(f) if f.get("result").is_some() => {
+                let mut r = f["result"].clone();
+                if let Some(o) = r.as_object_mut() {
+                    o.insert("resultType".into(), json!("complete"));
+                    strip_related_task(o);
+                }
+                t["status"] = json!("completed");
+                t["result"] = r;
+            }
+            Some(f)
+                if f.pointer("/error/data/reason").and_then(Value::as_str)
+                    == Some("task_cancelled") =>
+            {
+                t["status"] = json!("cancelled");
+                t["statusMessage"] = json!("cancelled by the client");
+            }
+            Some(f) => {
+                let e = &f["error"];
+                t["status"] = json!("failed");
+                t["statusMessage"] = json!(e["message"].as_str().unwrap_or("failed"));
+                let mut err = json!({"code": e["code"].as_i64().unwrap_or(-32603),
+                    "message": e["message"].as_str().unwrap_or("failed")});
+                if let Some(d) = e.get("data") {
+                    err["data"] = d.clone();
+                }
+                t["error"] = err;
+            }
+            None => {
+                // Ended (or being ended by recovery) without an outcome: the run that held it died.
+                t["status"] = json!("failed");
+                t["statusMessage"] = json!("upstream session lost");
+                t["error"] = json!({"code": crate::jsonrpc::INFLIGHT_ABORTED,
+                    "message": "request aborted: upstream session ended (upstream_lost)"});
+            }
+        }
+        Some(t)
+    }
+
+    /// The log of task `id` if `caller` may see it and it has not expired.
+    fn find(&self, caller: Option<&Identity>, id: &str) -> Option<Arc<SessionLog>> {
+        let sid = SessionId::parse(id)?;
+        let sl = self.log.get(&sid)?;
+        if sl.facade != Facade::Task || sl.removed() || !same(sl.identity.as_ref(), caller) {
+            return None;
+        }
+        let (created, ttl, _) = self.creation(&sl)?;
+        (created.saturating_add(ttl) > now_ms()).then_some(sl)
+    }
+
+    /// `tasks/get`: the task, or `None` (unknown, expired, or another identity's).
+    pub fn get(&self, caller: Option<&Identity>, id: &str) -> Option<Value> {
+        let sl = self.find(caller, id)?;
+        let live = self.lock().get(&sl.id).cloned();
+        match live {
+            Some(l) => Some(self.live_json(&sl.id, &l)),
+            None => self.read(&sl),
+        }
+    }
+
+    /// Is `id` a task `caller` may see?
+    pub fn exists(&self, caller: Option<&Identity>, id: &str) -> bool {
+        self.find(caller, id).is_some()
+    }
+
+    /// `tasks/update`: forwards the responses to outstanding input requests. `false`: no such task.
+    pub fn update(
+        &self,
+        caller: Option<&Identity>,
+        id: &str,
+        responses: Map<String, Value>,
+    ) -> bool {
+        let Some(sl) = self.find(caller, id) else {
+            return false;
+        };
+        if let Some(l) = self.lock().get(&sl.id) {
+            let _ = l.ctl.send(Ctl::Update(responses));
+        }
+        true
+    }
+
+    /// `tasks/cancel`: cancels a live task (a finished one stays as it is). `false`: no such task.
+    pub fn cancel(&self, caller: Option<&Identity>, id: &str) -> bool {
+        let Some(sl) = self.find(caller, id) else {
+            return false;
+        };
+        if let Some(l) = self.lock().get(&sl.id) {
+            let _ = l.ctl.send(Ctl::Cancel);
+        }
+        true
+    }
+
+    /// Waits (at most `limit`) until no task runs in this process: on shutdown, after the pool
+    /// closed, each live task logs its -32091 outcome before the log is closed.
+    pub async fn wait_idle(&self, limit: Duration) {
+        let deadline = tokio::time::Instant::now() + limit;
+        while !self.lock().is_empty() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Cancels and removes the tasks past their TTL.
+    pub async fn expire(&self) {
+        let now = now_ms();
+        for sl in self.log.all() {
+            if sl.facade != Facade::Task || sl.removed() {
+                continue;
+            }
+            let expired = match self.creation(&sl) {
+                Some((created, ttl, _)) => created.saturating_add(ttl) <= now,
+                // Unreadable creation (trimmed, or a crash between create and the event): keep
+                // it no longer than the configured TTL from its meta time.
+                None => (sl.meta().created_unix * 1000).saturating_add(self.ttl_ms()) <= now,
+            };
+            if !expired {
+                continue;
+            }
+            let live = self.lock().remove(&sl.id);
+            if let Some(l) = live {
+                let _ = l.ctl.send(Ctl::Cancel);
+                // Let it write its end before the log goes.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            self.counter.with_label_values(&["expired"]).inc();
+            tracing::info!(task = %sl.tag, "task expired (tasks.ttl_secs)");
+            if let Err(e) = self.log.remove(&sl.id).await {
+                tracing::error!(error = %e, "deleting an expired task failed");
+            }
+        }
+    }
+}
+
+/// `statusMessage` from an upstream progress notification: `"<progress>/<total> <message>"`.
+pub fn status_message(p: &Value) -> String {
+    let num = |v: &Value| {
+        v.as_f64().map(|f| {
+            if f.fract() == 0.0 {
+                format!("{}", f as i64)
+            } else {
+                format!("{f}")
+            }
+        })
+    };
+    let mut s = match (
+        p.get("progress").and_then(num),
+        p.get("total").and_then(num),
+    ) {
+        (Some(a), Some(b)) => format!("{a}/{b}"),
+        (Some(a), None) => a,
+        _ => String::new(),
+    };
+    if let Some(m) = p.get("message").and_then(Value::as_str) {
+        if !s.is_empty() {
+            s.push(' ');
+        }
+        s.push_str(m);
+    }
+    s
+}
+
+/// Removes the v1 `related-task` key from a result's `_meta`.
+pub fn strip_related_task(o: &mut Map<String, Value>) {
+    if let Some(m) = o.get_mut("_meta").and_then(Value::as_object_mut) {
+        m.remove("io.modelcontextprotocol/related-task");
+        if m.is_empty() {
+            o.remove("_meta");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iso_dates() {
+        assert_eq!(iso(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(iso(1_795_000_000_123), "2026-11-18T11:06:40.123Z");
+        assert_eq!(iso(951_782_400_000), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn status_messages() {
+        assert_eq!(
+            status_message(&json!({"progress": 1, "total": 3, "message": "step 1"})),
+            "1/3 step 1"
+        );
+        assert_eq!(status_message(&json!({"progress": 0.5})), "0.5");
+        assert_eq!(
+            status_message(&json!({"progress": 2, "message": "x"})),
+            "2 x"
+        );
+    }
+}
