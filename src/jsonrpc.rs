@@ -169,6 +169,21 @@ mod tests {
     }
 
     #[test]
+    fn float_ids_are_canonical() {
+        // Found by fuzzing (fuzz/corpus/jsonrpc/regression-float-id): without serde_json's
+        // `float_roundtrip`, 118446744073709551616 parsed to a double that printed as
+        // 1.1844674407370957e+20, which parses back to a different double: the "canonical" form
+        // of an id was not stable, so the same id re-serialised by a server could fail to match.
+        let id = scan_id(b"", br#","id":118446744073709551616}"#).unwrap();
+        let again: serde_json::Value = serde_json::from_str(&id).unwrap();
+        assert_eq!(again.to_string(), id);
+        let p = peek(br#"{"id":0.30000000000000004,"result":{}}"#).unwrap();
+        let id = p.id.unwrap();
+        let again: serde_json::Value = serde_json::from_str(&id).unwrap();
+        assert_eq!(again.to_string(), id);
+    }
+
+    #[test]
     fn scan_id_from_fragments() {
         assert_eq!(
             scan_id(br#"{"jsonrpc":"2.0","id":12,"result":{"x":"#, b"").as_deref(),
