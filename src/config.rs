@@ -383,6 +383,21 @@ pub fn parse_origin(o: &str) -> Result<String, String> {
     Ok(u.origin())
 }
 
+/// Keeps an error message on one line, as [`ConfigError`] promises: control characters from the
+/// file (a bare CR in a quoted source line, a newline inside a value) are escaped (found by
+/// fuzzing).
+fn one_line(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 impl Config {
     /// Reads, parses and validates the file at `path` (or the defaults when `None`), with `over`
     /// applied on top.
@@ -409,7 +424,8 @@ impl Config {
     /// # Errors
     /// [`ConfigError::Parse`] with the parser's message, which names the key and line.
     pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string().replace('\n', " ")))
+        toml::from_str(text)
+            .map_err(|e| ConfigError::Parse(one_line(&e.to_string().replace('\n', " "))))
     }
 
     /// Applies command-line overrides.
@@ -436,7 +452,7 @@ impl Config {
         fn bad(key: &'static str, reason: impl Into<String>) -> ConfigError {
             ConfigError::Invalid {
                 key,
-                reason: reason.into(),
+                reason: one_line(&reason.into()),
             }
         }
         fn addr(key: &'static str, v: &str) -> Result<(), ConfigError> {
@@ -633,6 +649,25 @@ mod tests {
         assert!(err.to_string().contains("durabilty"), "{err}");
         let err = Config::from_toml("[nope]\n").unwrap_err();
         assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn errors_stay_on_one_line() {
+        // Found by fuzzing (fuzz/corpus/config/regression-bare-cr): the parser quotes the source
+        // line, and a bare CR in it reached the message.
+        let err = Config::from_toml("[listen]\n\r[sessions]\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(!msg.chars().any(char::is_control), "{msg:?}");
+        assert!(msg.contains("\\r"), "{msg:?}");
+        // A value with a newline is shown escaped, not split.
+        let err = Config::from_toml("[listen]\naddr = \"a\\nb\"\n")
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "config: invalid `listen.addr`: `a\\nb` is not an IP:port address"
+        );
     }
 
     #[test]

@@ -66,6 +66,11 @@ struct RawMeta<'a> {
 }
 
 /// Canonical compact JSON of a raw value (so `1` from a client and `1` from a server compare equal).
+///
+/// A value that `serde_json::Value` cannot hold — a string with a lone surrogate escape
+/// (`"\ud800"`), a number beyond `f64` (`1e400`), nesting deeper than 128 — is kept as sent, so
+/// it still matches its own echo byte for byte (found by fuzzing; such ids are not valid
+/// Unicode or not representable by most peers anyway).
 pub fn canonical(raw: &RawValue) -> String {
     match serde_json::from_str::<serde_json::Value>(raw.get()) {
         Ok(v) => v.to_string(),
@@ -193,6 +198,29 @@ mod tests {
         let a = peek(br#"{"id": 1 ,"result":{}}"#).unwrap();
         let b = peek(br#"{"id":1,"method":"x"}"#).unwrap();
         assert_eq!(a.id, b.id);
+    }
+
+    #[test]
+    fn float_ids_are_canonical() {
+        // Found by fuzzing (fuzz/corpus/jsonrpc/regression-float-id): without serde_json's
+        // `float_roundtrip`, 118446744073709551616 parsed to a double that printed as
+        // 1.1844674407370957e+20, which parses back to a different double: the "canonical" form
+        // of an id was not stable, so the same id re-serialised by a server could fail to match.
+        let id = scan_id(b"", br#","id":118446744073709551616}"#).unwrap();
+        let again: serde_json::Value = serde_json::from_str(&id).unwrap();
+        assert_eq!(again.to_string(), id);
+        let p = peek(br#"{"id":0.30000000000000004,"result":{}}"#).unwrap();
+        let id = p.id.unwrap();
+        let again: serde_json::Value = serde_json::from_str(&id).unwrap();
+        assert_eq!(again.to_string(), id);
+    }
+
+    #[test]
+    fn ids_serde_cannot_hold_are_kept_as_sent() {
+        let p = peek(br#"{"id":"a\ud800","result":{}}"#).unwrap();
+        assert_eq!(p.id.as_deref(), Some(r#""a\ud800""#));
+        let p = peek(br#"{"id":1e400,"method":"x"}"#).unwrap();
+        assert_eq!(p.id.as_deref(), Some("1e400"));
     }
 
     #[test]

@@ -252,10 +252,12 @@ pub fn check_resume(
         // No event with this seq was ever logged in this epoch: the id was not issued by us.
         return Err(Refusal::UnknownEpoch);
     }
+    // Saturating: after seq u64::MAX nothing can follow, so nothing is needed (found by fuzzing;
+    // a real head never gets there, but the check must not panic on any id a client sends).
     let first_needed = if need_cursor_event {
         cursor.seq
     } else {
-        cursor.seq + 1
+        cursor.seq.saturating_add(1)
     };
     if first_needed < log.oldest && first_needed <= log.head {
         return Err(Refusal::CursorTrimmed);
@@ -418,6 +420,19 @@ mod tests {
         assert_eq!(
             check_resume(&cur(2, 104), &log, false),
             Err(Refusal::CursorAhead)
+        );
+    }
+
+    #[test]
+    fn cursor_at_u64_max_does_not_overflow() {
+        // Found by fuzzing (fuzz/corpus/cursor/regression-seq-max): `seq + 1` overflowed.
+        let log = ranges(&[(1, 1, None)], 1, u64::MAX);
+        assert_eq!(check_resume(&cur(1, u64::MAX), &log, false), Ok(u64::MAX));
+        assert_eq!(check_resume(&cur(1, u64::MAX), &log, true), Ok(u64::MAX));
+        let log = ranges(&[(1, 1, None)], u64::MAX, u64::MAX);
+        assert_eq!(
+            check_resume(&cur(1, u64::MAX - 1), &log, true),
+            Err(Refusal::CursorTrimmed)
         );
     }
 

@@ -107,7 +107,7 @@ impl ImageSession {
                     .map(|e| e.last.unwrap_or(e.first.saturating_sub(1)))
                     .unwrap_or(0);
                 Retained {
-                    oldest: head + 1,
+                    oldest: head.saturating_add(1),
                     head,
                     chunks: Vec::new(),
                 }
@@ -260,6 +260,11 @@ impl Image {
                 if count == 0 {
                     return Err("empty chunk");
                 }
+                // Seqs must fit in a u64 (with room for the next one), or `retained` would
+                // overflow summing them (found by fuzzing).
+                if c.first.checked_add(count).is_none() {
+                    return Err("chunk seqs out of range");
+                }
                 let s = self.sessions.entry(c.session).or_default();
                 for id in &c.completes {
                     s.inflight.remove(id);
@@ -351,4 +356,67 @@ pub fn read_chunk_at(seg: &Segment, c: &ChunkEntry) -> Result<Vec<Event>, StoreE
     record::decode_chunk(c.first, value)
         .filter(|evs| evs.len() as u64 == c.count)
         .ok_or_else(corrupt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::Facade;
+    use crate::log::cursor::EpochRange;
+    use crate::log::{Kind, StreamTag};
+
+    fn meta_json(epochs: Vec<EpochRange>) -> Vec<u8> {
+        serde_json::to_vec(&SessionMeta {
+            facade: Facade::Legacy,
+            ended: None,
+            created_unix: 1,
+            ended_unix: None,
+            epochs,
+            protocol_version: None,
+        })
+        .unwrap()
+    }
+
+    fn chunk_of(out: &mut Vec<u8>, s: &SessionId, first: u64, n: usize) {
+        let mut b = record::ChunkBuilder::default();
+        for _ in 0..n {
+            b.push(1, Kind::Message, StreamTag::LEGACY, b"{}");
+        }
+        record::chunk(out, s, first, &[], &b.finish());
+    }
+
+    #[test]
+    fn seqs_near_u64_max_are_damage_not_a_panic() {
+        // Found by fuzzing (fuzz/corpus/log_image/regression-seq-overflow): a well-framed chunk
+        // whose seqs run past u64::MAX made `retained` (and `read_chunk`) overflow.
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (SessionId([1; 16]), SessionId([2; 16]));
+        let mut seg = record::segment_header(1).to_vec();
+        record::meta(&mut seg, &a, &meta_json(vec![]));
+        chunk_of(&mut seg, &a, 1, 1);
+        chunk_of(&mut seg, &a, u64::MAX, 2);
+        chunk_of(&mut seg, &a, u64::MAX - 1, 1);
+        // No chunks, and a meta whose epoch ends at the last seq there is.
+        let last = EpochRange {
+            epoch: 1,
+            first: 1,
+            last: Some(u64::MAX),
+        };
+        record::meta(&mut seg, &b, &meta_json(vec![last]));
+        std::fs::write(dir.path().join(segment::file_name(1)), &seg).unwrap();
+
+        let img = Image::scan(dir.path()).unwrap();
+        assert_eq!(img.damage.len(), 1, "{:?}", img.damage);
+        assert!(img.damage[0].contains("chunk seqs out of range"));
+        let s = &img.sessions[&a];
+        let r = s.retained();
+        assert_eq!((r.oldest, r.head), (u64::MAX - 1, u64::MAX - 1));
+        for c in s.chunks.values() {
+            let evs = img.read_chunk(c).unwrap();
+            assert_eq!(evs[0].seq, c.first);
+        }
+        let r = img.sessions[&b].retained();
+        assert_eq!((r.oldest, r.head), (u64::MAX, u64::MAX));
+        assert!(r.chunks.is_empty());
+    }
 }

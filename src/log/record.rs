@@ -385,11 +385,18 @@ pub fn chunk_info(value: &[u8]) -> Option<(u64, u64)> {
     ))
 }
 
+/// How many events to allocate for: the header's count, but never more than the value has room
+/// for, so a corrupt count cannot make a reader allocate gigabytes (found by fuzzing).
+fn max_events(count: u64, value: &[u8]) -> usize {
+    let room = value.len().saturating_sub(CHUNK_HEADER) / EVENT_HEADER;
+    usize::try_from(count).map_or(room, |c| c.min(room))
+}
+
 /// Decodes a chunk value whose first event is `first`; payloads are zero-copy slices of `value`.
 /// `None` when the value is corrupt.
 pub fn decode_chunk(first: u64, value: Bytes) -> Option<Vec<Event>> {
     let (count, _) = chunk_info(&value)?;
-    let mut out = Vec::with_capacity(count as usize);
+    let mut out = Vec::with_capacity(max_events(count, &value));
     let mut pos = CHUNK_HEADER;
     for i in 0..count {
         let h = value.get(pos..pos + EVENT_HEADER)?;
@@ -402,7 +409,8 @@ pub fn decode_chunk(first: u64, value: Bytes) -> Option<Vec<Event>> {
             return None;
         }
         out.push(Event {
-            seq: first + i,
+            // A seq past u64::MAX: corrupt, not an overflow (found by fuzzing).
+            seq: first.checked_add(i)?,
             epoch,
             stream,
             kind,
@@ -416,7 +424,7 @@ pub fn decode_chunk(first: u64, value: Bytes) -> Option<Vec<Event>> {
 /// Payload sizes of the events of a chunk value, in order (`None` when corrupt).
 pub fn event_sizes(value: &[u8]) -> Option<Vec<u64>> {
     let (count, _) = chunk_info(value)?;
-    let mut out = Vec::with_capacity(count as usize);
+    let mut out = Vec::with_capacity(max_events(count, value));
     let mut pos = CHUNK_HEADER;
     for _ in 0..count {
         let h = value.get(pos..pos + EVENT_HEADER)?;
@@ -460,6 +468,31 @@ mod tests {
         padded.push(0);
         assert!(decode_chunk(10, Bytes::from(padded)).is_none());
         assert!(decode_chunk(1, Bytes::from_static(b"\x09junk")).is_none());
+    }
+
+    #[test]
+    fn corrupt_event_count_does_not_allocate_it() {
+        // Found by fuzzing (fuzz/corpus/log_record/regression-huge-count): a count of 2^32 - 1
+        // in a 12-byte value made decode_chunk reserve ~200 GiB and abort the process.
+        let mut v = vec![0xff; 4];
+        v.extend_from_slice(&[0; 8]);
+        assert_eq!(chunk_info(&v), Some((u64::from(u32::MAX), 0)));
+        assert!(decode_chunk(1, Bytes::from(v.clone())).is_none());
+        assert!(event_sizes(&v).is_none());
+        assert_eq!(max_events(u64::from(u32::MAX), &v), 0);
+    }
+
+    #[test]
+    fn seqs_past_u64_max_are_corrupt() {
+        // Found by fuzzing (fuzz/corpus/log_record/regression-seq-overflow): `first + i`
+        // overflowed for a chunk record whose first seq is near u64::MAX.
+        let mut b = ChunkBuilder::default();
+        b.push(1, Kind::Message, StreamTag(0), b"a");
+        b.push(1, Kind::Message, StreamTag(0), b"b");
+        let v = Bytes::from(b.finish());
+        assert!(decode_chunk(u64::MAX, v.clone()).is_none());
+        let evs = decode_chunk(u64::MAX - 1, v).unwrap();
+        assert_eq!(evs[1].seq, u64::MAX);
     }
 
     #[test]
