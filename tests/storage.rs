@@ -126,8 +126,19 @@ impl Drop for Mount {
 
 /// Bytes the directory takes on disk (allocated blocks), as `du` reports them.
 fn du(dir: &Path) -> u64 {
-    let out = run("du", &["-s", "-B1", dir.to_str().unwrap()]);
-    out.split_whitespace().next().unwrap().parse().unwrap()
+    // `du` fails when a file it listed is deleted before it stats it (compaction deletes
+    // segments while the flood runs): measure again.
+    for _ in 0..20 {
+        let out = Command::new("du")
+            .args(["-s", "-B1", dir.to_str().unwrap()])
+            .output()
+            .expect("run du");
+        if out.status.success() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            return text.split_whitespace().next().unwrap().parse().unwrap();
+        }
+    }
+    panic!("du kept failing on {}", dir.display());
 }
 
 // ---------------------------------------------------------------------------------------------
