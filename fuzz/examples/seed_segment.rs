@@ -29,7 +29,7 @@ async fn main() {
     let msg = |s: &str| NewEvent::new(StreamTag::LEGACY, Kind::Message, Bytes::from(s.to_owned()));
 
     let a = log
-        .create(SessionId([0xa1; 16]), Facade::Legacy, None)
+        .create(SessionId([0xa1; 16]), Facade::Legacy, None, None)
         .await
         .expect("create");
     log.inflight_add(&a, "1", StreamTag::LEGACY)
@@ -53,6 +53,7 @@ async fn main() {
             SessionId([0xb2; 16]),
             Facade::Streamable,
             Some("2025-11-25".into()),
+            None,
         )
         .await
         .expect("create");

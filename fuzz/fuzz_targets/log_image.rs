@@ -197,6 +197,7 @@ fn encode(out: &mut Vec<u8>, r: &Rec) {
                     .map(|&(epoch, first, last)| EpochRange { epoch, first, last })
                     .collect(),
                 protocol_version: None,
+                identity: None,
             };
             let json = serde_json::to_vec(&meta).expect("meta serialises");
             record::meta(out, &sid(*s), &json);

@@ -373,6 +373,7 @@ mod tests {
             ended_unix: None,
             epochs,
             protocol_version: None,
+            identity: None,
         })
         .unwrap()
     }
