@@ -98,10 +98,11 @@ fn main() -> ExitCode {
                     return ExitCode::from(64);
                 }
             };
-            match rt.block_on(mcp_resume_proxy::app::run(
-                cfg,
-                mcp_resume_proxy::shutdown::signal(),
-            )) {
+            // The signal handlers are installed before anything starts (see `shutdown::signal`).
+            match rt.block_on(async {
+                let shutdown = mcp_resume_proxy::shutdown::signal();
+                mcp_resume_proxy::app::run(cfg, shutdown).await
+            }) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("mcp-resume-proxy: {e}");

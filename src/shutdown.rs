@@ -7,15 +7,23 @@
 use tokio::sync::watch;
 
 /// Completes on SIGTERM or SIGINT, whichever comes first, with a log line.
-pub async fn signal() {
+///
+/// The handlers are installed when this is *called* (inside the runtime), not when the future is
+/// first polled: a signal that arrives while the proxy is still starting — after `/readyz` turned
+/// 200 but before the caller awaits this — is caught and drains, instead of killing the process
+/// with the default action (found by the crash harness: an orchestrator's SIGTERM right after
+/// readiness).
+pub fn signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    };
-    tracing::info!(signal = name, "shutdown requested; draining");
+    async move {
+        let name = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "shutdown requested; draining");
+    }
 }
 
 /// The drain signal: `false` while serving, `true` once draining.
