@@ -318,6 +318,28 @@ impl HttpUrl {
         if authority.contains('@') {
             return Err("userinfo is not supported".into());
         }
+        // Nor does `http::Uri` refuse bytes beyond ASCII in the host, which no `Host` or `Origin`
+        // header can carry as text (found by fuzzing).
+        if !authority.is_ascii() {
+            return Err(
+                "the host must be ASCII (an internationalised name in its xn-- form)".into(),
+            );
+        }
+        // `http::Uri` accepts any text after the host's last colon and reports no port for it;
+        // a port must be decimal digits that fit in 16 bits (`+80` and `ffff` are not ports:
+        // found by fuzzing, where `https://+:FFFF` normalised to `https://+:ffff:443`).
+        if let Some(i) = authority
+            .rfind(':')
+            .filter(|&i| !authority[i..].contains(']'))
+        {
+            let port = &authority[i + 1..];
+            if port.is_empty()
+                || !port.bytes().all(|b| b.is_ascii_digit())
+                || port.parse::<u16>().is_err()
+            {
+                return Err(format!("`{port}` is not a port number"));
+            }
+        }
         let path_and_query = uri
             .path_and_query()
             .map(|p| p.as_str().to_string())
@@ -377,7 +399,8 @@ pub fn origin_of(tls: bool, authority: &str) -> String {
 pub fn parse_origin(o: &str) -> Result<String, String> {
     let bad = || format!("`{o}` is not an origin like https://host:port");
     let u = HttpUrl::parse(o).map_err(|_| bad())?;
-    if u.path_and_query != "/" || o.ends_with('/') {
+    // `http::Uri` drops a fragment without a word (found by fuzzing: `https://h#x`).
+    if u.path_and_query != "/" || o.ends_with('/') || o.contains('#') || !o.is_ascii() {
         return Err(bad());
     }
     Ok(u.origin())
@@ -752,5 +775,35 @@ mod tests {
         assert_eq!(u.authority, "127.0.0.1:8000");
         assert_eq!(u.path_and_query, "/sse?x=1");
         assert_eq!(u.to_url(), "http://127.0.0.1:8000/sse?x=1");
+    }
+
+    /// Regressions (fuzz target `headers`): a port that is not decimal digits fitting in 16 bits
+    /// is refused instead of being kept in the host and followed by the default port; a host
+    /// beyond ASCII, which no `Origin` header could match, is refused.
+    #[test]
+    fn ports_are_numbers_and_hosts_ascii() {
+        for bad in [
+            "https://+:FFFFFFFF",
+            "http://h:+80",
+            "http://h:65536",
+            "http://h:/",
+            "http://[::1]:x",
+            "https://b\u{fc}cher.example",
+        ] {
+            assert!(HttpUrl::parse(bad).is_err(), "{bad}");
+            assert!(parse_origin(bad).is_err(), "{bad}");
+        }
+        assert!(
+            parse_origin("https://h#x").is_err(),
+            "a fragment is not part of an origin"
+        );
+        assert_eq!(parse_origin("https://H:443").unwrap(), "https://h:443");
+        assert_eq!(parse_origin("http://[::1]").unwrap(), "http://[::1]:80");
+        assert_eq!(
+            parse_origin("http://[::1]:8080").unwrap(),
+            "http://[::1]:8080"
+        );
+        let n = parse_origin("https://example.com").unwrap();
+        assert_eq!(parse_origin(&n).unwrap(), n);
     }
 }

@@ -42,6 +42,14 @@ pub mod error;
 mod facade;
 pub mod identity;
 pub mod inspect;
+/// The HTTP faces' header parsers, gathered for the `headers` fuzz target.
+#[doc(hidden)]
+pub mod headers {
+    pub use crate::config::{origin_of, parse_origin};
+    pub use crate::facade::streamable::{accepts, version_header, SUPPORTED_VERSIONS};
+    pub use crate::facade::{host_allowed, is_json_content, origin_allowed, query_param};
+    pub use crate::modern::wire::{decode_value, media_refusal, validate, Checked};
+}
 #[doc(hidden)]
 pub mod jsonrpc;
 mod listen;

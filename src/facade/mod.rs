@@ -105,12 +105,7 @@ impl Ctx {
         if let Some(origin) = h.get(header::ORIGIN) {
             // No implicit same-host rule: the proxy serves no pages, and a DNS-rebinding page's
             // Origin and Host agree.
-            let allowed = origin
-                .to_str()
-                .ok()
-                .and_then(|o| crate::config::parse_origin(o.trim()).ok())
-                .is_some_and(|o| self.origins.contains(&o));
-            if !allowed {
+            if !origin_allowed(&self.origins, origin) {
                 let o = String::from_utf8_lossy(origin.as_bytes());
                 tracing::warn!(
                     origin = echo::clip(&o),
@@ -135,13 +130,7 @@ impl Ctx {
                 .or_else(|| req.uri().authority().map(|a| a.as_str()))
                 .unwrap_or("")
                 .to_ascii_lowercase();
-            // The host without its port (an allowed entry without a port matches any port).
-            let bare = match host.rsplit_once(':') {
-                Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty() => h,
-                _ => host.as_str(),
-            };
-            let ok = self.hosts.iter().any(|a| *a == host || *a == bare);
-            if !ok {
+            if !host_allowed(&self.hosts, &host) {
                 tracing::warn!(
                     host = echo::clip(&host),
                     "request for a host not in listen.allowed_hosts refused"
@@ -199,6 +188,27 @@ impl Ctx {
         }
         ok
     }
+}
+
+/// Is a browser's `Origin` header one of `allowed` (origins normalised by
+/// [`crate::config::parse_origin`])? Compared after the same normalisation, so case and a spelled-out
+/// default port do not matter; a value that is not an origin (`null`, a path, bad bytes) is not.
+pub fn origin_allowed(allowed: &[String], origin: &http::HeaderValue) -> bool {
+    origin
+        .to_str()
+        .ok()
+        .and_then(|o| crate::config::parse_origin(o.trim()).ok())
+        .is_some_and(|o| allowed.contains(&o))
+}
+
+/// Is `host` (a `Host` header or a request's authority, lowercase) one of `allowed` (lowercase
+/// entries)? An entry without a port matches the host on any port.
+pub fn host_allowed(allowed: &[String], host: &str) -> bool {
+    let bare = match host.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !h.is_empty() => h,
+        _ => host,
+    };
+    allowed.iter().any(|a| a == host || a == bare)
 }
 
 /// Does `Content-Type` say `application/json` (parameters allowed)?

@@ -84,7 +84,7 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
 }
 
 /// Does `Accept` admit `want` (`type/subtype`)? Media ranges with wildcards count; `q=0` excludes.
-fn accepts(h: &HeaderMap, want: &str) -> bool {
+pub fn accepts(h: &HeaderMap, want: &str) -> bool {
     let main = want.split('/').next().unwrap_or(want);
     h.get_all(header::ACCEPT)
         .iter()
@@ -104,10 +104,10 @@ fn accepts(h: &HeaderMap, want: &str) -> bool {
 }
 
 /// An early answer (an error status) instead of a value; boxed, it is large.
-type Early = Box<Resp>;
+pub type Early = Box<Resp>;
 
 /// Validates `MCP-Protocol-Version`: `Ok(None)` when absent.
-fn version_header(h: &HeaderMap) -> Result<Option<String>, Early> {
+pub fn version_header(h: &HeaderMap) -> Result<Option<String>, Early> {
     match header(h, VERSION_HEADER) {
         None => Ok(None),
         Some(v) if SUPPORTED_VERSIONS.contains(&v.trim()) => Ok(Some(v.trim().to_string())),
