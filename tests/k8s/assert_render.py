@@ -16,6 +16,7 @@ import tomllib
 from common import (
     CHART,
     CONFIG_DEFAULTS,
+    CONFIG_DERIVED,
     CONFIG_KEYS,
     CRD_KINDS,
     ROOT,
@@ -55,6 +56,23 @@ def matches(selector: dict, labels: dict) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+def derived_config(v: dict) -> dict[tuple[str, str], object]:
+    """The keys the chart sets itself, as the values given should make it set them (None: the key
+    is left out of the file)."""
+    pc = v["proxy"]["config"]
+    return {
+        ("listen", "addr"): f"0.0.0.0:{v['proxy']['port']}",
+        ("admin", "addr"): f"0.0.0.0:{v['proxy']['adminPort']}",
+        ("upstream", "sse_url"): pc["upstream"]["sse_url"]
+        or f"http://127.0.0.1:{v['mcpServer']['port']}{v['mcpServer']['ssePath']}",
+        ("log", "dir"): "/data",
+        ("upstream", "ca_file"): None,
+        ("tls", "cert_file"): None,
+        ("tls", "key_file"): None,
+        ("tls", "client_ca_file"): None,
+    }
+
+
 def check_config(c: Checks, cm: dict, v: dict) -> dict:
     text = cm["data"].get("config.toml", "")
     try:
@@ -62,27 +80,29 @@ def check_config(c: Checks, cm: dict, v: dict) -> dict:
     except tomllib.TOMLDecodeError as e:
         c.check(False, f"config.toml parses as TOML: {e}")
         return {}
+    derived = derived_config(v)
     c.eq(list(cfg), list(CONFIG_KEYS), "config.toml sections (exactly, in order)")
     for section, keys in CONFIG_KEYS.items():
-        c.eq(list(cfg.get(section, {})), keys, f"config.toml [{section}] keys (exactly)")
-        for key in keys:
-            want_type = type(CONFIG_DEFAULTS[section][key])
+        # Optional keys (no default, e.g. a file path) are written only when the chart sets them.
+        want = [k for k in keys if not (CONFIG_DEFAULTS[section][k] is None and derived.get((section, k)) is None)]
+        c.eq(list(cfg.get(section, {})), want, f"config.toml [{section}] keys (exactly)")
+        for key in want:
+            default = CONFIG_DEFAULTS[section][key]
+            want_type = str if default is None else type(default)
             got = cfg.get(section, {}).get(key)
             c.check(type(got) is want_type, f"{section}.{key} is a {want_type.__name__} (got {got!r})")
+            if isinstance(default, list):
+                c.check(all(type(x) is str for x in got or []), f"{section}.{key} is a list of strings (got {got!r})")
     pc = v["proxy"]["config"]
-    c.eq(cfg["listen"]["addr"], f"0.0.0.0:{v['proxy']['port']}", "listen.addr binds all interfaces")
-    c.eq(cfg["admin"]["addr"], f"0.0.0.0:{v['proxy']['adminPort']}", "admin.addr binds all interfaces")
-    want_url = pc["upstream"]["sse_url"] or f"http://127.0.0.1:{v['mcpServer']['port']}{v['mcpServer']['ssePath']}"
-    c.eq(cfg["upstream"]["sse_url"], want_url, "upstream.sse_url is the MCP server over loopback")
-    c.eq(cfg["log"]["dir"], "/data", "log.dir is the data volume")
-    derived = {("listen", "addr"), ("admin", "addr"), ("upstream", "sse_url"), ("log", "dir")}
+    for (section, key), want in derived.items():
+        c.eq(cfg.get(section, {}).get(key), want, f"{section}.{key} is set by the chart")
     for section, keys in CONFIG_KEYS.items():
-        in_values = [k for k in keys if (section, k) not in derived or (section, k) == ("upstream", "sse_url")]
+        in_values = [k for k in keys if (section, k) not in CONFIG_DERIVED]
         c.eq(sorted(pc.get(section, {})), sorted(in_values), f"values.yaml proxy.config.{section} has every settable key")
     for section, keys in CONFIG_KEYS.items():
         for key in keys:
             if (section, key) not in derived:
-                c.eq(cfg[section][key], pc[section][key], f"{section}.{key} comes from proxy.config")
+                c.eq(cfg.get(section, {}).get(key), pc[section][key], f"{section}.{key} comes from proxy.config")
     return cfg
 
 
