@@ -1,11 +1,14 @@
 """Shared facts and helpers of the Kubernetes kit checks (run by scripts/check-k8s).
 
 The metric names, types and labels below are design.md §7's fixed contract, plus the proxy's own
-additions: `mcp_resume_log_max_bytes` (the configured `log.max_total_bytes`, exported so alerts can
-use a ratio), `mcp_resume_log_disk_bytes` (the log's segment files on disk) and
-`mcp_resume_store_errors_total` (design.md §10: failed writes, syncs or file operations of the
-log). When ../shared/design.md is present, `design_metrics()` reads the table and the checks
-compare it with this copy, so the two cannot drift apart unnoticed.
+additions (src/metrics.rs): `mcp_resume_log_max_bytes` (the configured `log.max_total_bytes`,
+exported so alerts can use a ratio), `mcp_resume_log_disk_bytes` (the log's segment files on
+disk), `mcp_resume_store_errors_total` (design.md §10: failed writes, syncs or file operations of
+the log), `mcp_resume_dropped_total`, the security counters of design.md §11
+(`mcp_resume_requests_rejected_total`, `mcp_resume_auth_rejected_total`) and the 2026-07-28 face's
+of §12 (`mcp_resume_tasks_total`, `mcp_resume_upstream_pool_sessions`). When ../shared/design.md
+is present, `design_metrics()` reads the table and the checks compare it with this copy, so the
+two cannot drift apart unnoticed.
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mcp_resume_client_streams_active": ("gauge", ("facade",)),
 }
 # Not in design.md §7's table: the configured bound of mcp_resume_log_bytes, the log's bytes on
-# disk (live records, dead ones not yet compacted, headers), and the storage failures of §10.
+# disk (live records, dead ones not yet compacted, headers), the storage failures of §10, messages
+# that could not be delivered, the refusals of §11 (before any session was looked at; a session of
+# another identity or face), and the tasks and upstream pool of §12.
 EXTRA_METRICS = {
     "mcp_resume_log_max_bytes": ("gauge", ()),
     "mcp_resume_log_disk_bytes": ("gauge", ()),
     "mcp_resume_store_errors_total": ("counter", ()),
+    "mcp_resume_dropped_total": ("counter", ("reason",)),
+    "mcp_resume_requests_rejected_total": ("counter", ("reason",)),
+    "mcp_resume_auth_rejected_total": ("counter", ("facade",)),
+    "mcp_resume_tasks_total": ("counter", ("status",)),
+    "mcp_resume_upstream_pool_sessions": ("gauge", ()),
 }
 ALL_METRICS = {**METRICS, **EXTRA_METRICS}
 
@@ -58,6 +68,10 @@ REFUSAL_REASONS = (
 )
 ENDED_REASONS = ("client_delete", "idle_timeout", "upstream_lost", "shutdown", "evicted", "store_error")
 FACADES = ("legacy", "streamable")
+# src/metrics.rs DROPPED_REASONS and REJECT_REASONS, src/modern/tasks.rs TASK_STATUSES.
+DROPPED_REASONS = ("oversized_event", "bad_event", "late_response", "non_message_event", "reader_trimmed")
+REJECT_REASONS = ("origin_not_allowed", "host_not_allowed", "identity_required", "unsupported_media_type")
+TASK_STATUSES = ("created", "completed", "failed", "cancelled", "expired")
 
 # Metrics that queries may name besides the proxy's own.
 PROMETHEUS_METRICS = {"up"}
