@@ -16,6 +16,7 @@ import tomllib
 from common import (
     CHART,
     CONFIG_DEFAULTS,
+    CONFIG_DERIVED,
     CONFIG_KEYS,
     CRD_KINDS,
     ROOT,
@@ -23,6 +24,8 @@ from common import (
     chart_values,
     load_docs,
 )
+
+SECRETS_DIR = "/var/run/secrets/mcp-resume-proxy"
 
 RESTRICTED_CONTAINER = {
     "allowPrivilegeEscalation": False,
@@ -55,6 +58,77 @@ def matches(selector: dict, labels: dict) -> bool:
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
 
 
+def derived_config(v: dict) -> dict[tuple[str, str], object]:
+    """The keys the chart sets itself, as the values given should make it set them (None: the key
+    is left out of the file)."""
+    pc = v["proxy"]["config"]
+    return {
+        ("listen", "addr"): f"0.0.0.0:{v['proxy']['port']}",
+        ("admin", "addr"): f"0.0.0.0:{v['proxy']['adminPort']}",
+        ("upstream", "sse_url"): pc["upstream"]["sse_url"]
+        or f"http://127.0.0.1:{v['mcpServer']['port']}{v['mcpServer']['ssePath']}",
+        ("log", "dir"): "/data",
+        ("upstream", "ca_file"): f"{SECRETS_DIR}/upstream-ca/ca.crt" if upstream_ca(v) else None,
+        ("tls", "cert_file"): f"{SECRETS_DIR}/tls/tls.crt" if v["tls"]["secretName"] else None,
+        ("tls", "key_file"): f"{SECRETS_DIR}/tls/tls.key" if v["tls"]["secretName"] else None,
+        ("tls", "client_ca_file"): f"{SECRETS_DIR}/client-ca/ca.crt" if v["tls"]["clientCaSecretName"] else None,
+    }
+
+
+def upstream_ca(v: dict) -> tuple[str, str, str] | None:
+    """(kind, name, key) of the upstream CA bundle's source, or None."""
+    u = v["tls"]["upstreamCa"]
+    if u["secretName"]:
+        return ("secret", u["secretName"], u["key"])
+    if u["configMapName"]:
+        return ("configMap", u["configMapName"], u["key"])
+    return None
+
+
+def check_files(c: Checks, cfg: dict, v: dict, proxy: dict, server: dict, volumes: dict) -> None:
+    """Each file the config names is in a read-only volume of the proxy container, projected from
+    the Secret or ConfigMap key the values name; nothing of it reaches the MCP server container."""
+    tls = v["tls"]
+    sources = {
+        ("tls", "cert_file"): ("secret", tls["secretName"], "tls.crt"),
+        ("tls", "key_file"): ("secret", tls["secretName"], "tls.key"),
+        ("tls", "client_ca_file"): ("secret", tls["clientCaSecretName"], tls["clientCaKey"]),
+        ("upstream", "ca_file"): upstream_ca(v),
+    }
+    mounts = proxy.get("volumeMounts", [])
+    used = set()
+    for (section, key), source in sources.items():
+        path = cfg.get(section, {}).get(key)
+        if path is None:
+            continue
+        what = f"{section}.{key} ({path})"
+        directory, _, filename = path.rpartition("/")
+        mount = next((m for m in mounts if m["mountPath"] == directory), None)
+        if not c.check(mount is not None, f"{what}: a volume is mounted at its directory"):
+            continue
+        c.check(mount.get("readOnly") is True, f"{what}: mounted read-only")
+        c.check("subPath" not in mount and "subPathExpr" not in mount,
+                f"{what}: whole-volume mount (a subPath mount is never updated, so rotations would not reach it)")
+        vol = volumes.get(mount["name"], {})
+        used.add(mount["name"])
+        kind, name, item = source or ("?", "?", "?")
+        src = vol.get(kind, {})
+        c.eq(src.get("secretName" if kind == "secret" else "name"), name, f"{what}: volume {mount['name']} is {kind} {name}")
+        c.eq([i for i in src.get("items", []) if i.get("path") == filename], [{"key": item, "path": filename}],
+             f"{what}: the file is key {item} of {kind} {name}")
+        if key == "key_file":
+            mode = src.get("defaultMode")
+            c.check(mode is not None and mode & 0o7 == 0, f"{what}: the private key is not world-readable (mode {mode!r})")
+            c.check(v["podSecurityContext"].get("fsGroup") is not None and mode is not None and mode & 0o40,
+                    f"{what}: readable through the pod's fsGroup")
+    c.eq(sorted(n for n in (m["name"] for m in mounts) if n not in ("config", "data")), sorted(used),
+         "the proxy mounts no other volume than config, data and the files its config names")
+    server_mounts = {m["name"] for m in server.get("volumeMounts", [])}
+    c.check(not (server_mounts & used), "the MCP server container mounts none of the TLS volumes")
+    c.eq(sorted(n for n in volumes if volumes[n].get("secret")), sorted(n for n in used if volumes[n].get("secret")),
+         "no Secret volume without a use")
+
+
 def check_config(c: Checks, cm: dict, v: dict) -> dict:
     text = cm["data"].get("config.toml", "")
     try:
@@ -62,27 +136,29 @@ def check_config(c: Checks, cm: dict, v: dict) -> dict:
     except tomllib.TOMLDecodeError as e:
         c.check(False, f"config.toml parses as TOML: {e}")
         return {}
+    derived = derived_config(v)
     c.eq(list(cfg), list(CONFIG_KEYS), "config.toml sections (exactly, in order)")
     for section, keys in CONFIG_KEYS.items():
-        c.eq(list(cfg.get(section, {})), keys, f"config.toml [{section}] keys (exactly)")
-        for key in keys:
-            want_type = type(CONFIG_DEFAULTS[section][key])
+        # Optional keys (no default, e.g. a file path) are written only when the chart sets them.
+        want = [k for k in keys if not (CONFIG_DEFAULTS[section][k] is None and derived.get((section, k)) is None)]
+        c.eq(list(cfg.get(section, {})), want, f"config.toml [{section}] keys (exactly)")
+        for key in want:
+            default = CONFIG_DEFAULTS[section][key]
+            want_type = str if default is None else type(default)
             got = cfg.get(section, {}).get(key)
             c.check(type(got) is want_type, f"{section}.{key} is a {want_type.__name__} (got {got!r})")
+            if isinstance(default, list):
+                c.check(all(type(x) is str for x in got or []), f"{section}.{key} is a list of strings (got {got!r})")
     pc = v["proxy"]["config"]
-    c.eq(cfg["listen"]["addr"], f"0.0.0.0:{v['proxy']['port']}", "listen.addr binds all interfaces")
-    c.eq(cfg["admin"]["addr"], f"0.0.0.0:{v['proxy']['adminPort']}", "admin.addr binds all interfaces")
-    want_url = pc["upstream"]["sse_url"] or f"http://127.0.0.1:{v['mcpServer']['port']}{v['mcpServer']['ssePath']}"
-    c.eq(cfg["upstream"]["sse_url"], want_url, "upstream.sse_url is the MCP server over loopback")
-    c.eq(cfg["log"]["dir"], "/data", "log.dir is the data volume")
-    derived = {("listen", "addr"), ("admin", "addr"), ("upstream", "sse_url"), ("log", "dir")}
+    for (section, key), want in derived.items():
+        c.eq(cfg.get(section, {}).get(key), want, f"{section}.{key} is set by the chart")
     for section, keys in CONFIG_KEYS.items():
-        in_values = [k for k in keys if (section, k) not in derived or (section, k) == ("upstream", "sse_url")]
+        in_values = [k for k in keys if (section, k) not in CONFIG_DERIVED]
         c.eq(sorted(pc.get(section, {})), sorted(in_values), f"values.yaml proxy.config.{section} has every settable key")
     for section, keys in CONFIG_KEYS.items():
         for key in keys:
             if (section, key) not in derived:
-                c.eq(cfg[section][key], pc[section][key], f"{section}.{key} comes from proxy.config")
+                c.eq(cfg.get(section, {}).get(key), pc[section][key], f"{section}.{key} comes from proxy.config")
     return cfg
 
 
@@ -148,12 +224,16 @@ def main() -> int:
 
     # Ports and probes.
     c.eq(port_number(server, "mcp"), v["mcpServer"]["port"], "MCP server container port")
-    c.eq(port_number(proxy, "http"), v["proxy"]["port"], "proxy client port")
+    tls_on = bool(v["tls"]["secretName"])
+    client_port = "https" if tls_on else "http"
+    c.eq(port_number(proxy, client_port), v["proxy"]["port"], f"proxy client port (named {client_port})")
     c.eq(port_number(proxy, "admin"), v["proxy"]["adminPort"], "proxy admin port")
+    c.eq(sorted(p["name"] for p in proxy.get("ports", [])), sorted([client_port, "admin"]), "proxy port names")
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
         get = proxy.get(probe, {}).get("httpGet", {})
         c.eq(get.get("path"), path, f"proxy {probe} path")
         c.eq(port_number(proxy, get.get("port")), v["proxy"]["adminPort"], f"proxy {probe} hits the admin port")
+        c.eq(get.get("scheme", "HTTP"), "HTTP", f"proxy {probe} is plain HTTP (the admin port never speaks TLS)")
 
     # Config file: mounted where the args point, and complete.
     c.eq(proxy.get("args", [])[:3], ["run", "--config", "/etc/mcp-resume-proxy/config.toml"], "proxy args")
@@ -168,6 +248,7 @@ def main() -> int:
     if c.check(cm is not None, f"config volume refers to a rendered ConfigMap ({cm_name})"):
         cfg = check_config(c, cm, v)
         c.check(pod_meta.get("annotations", {}).get("checksum/config"), "pod template carries checksum/config")
+        check_files(c, cfg, v, proxy, server, volumes)
 
     # Data volume: writable, where log.dir points; emptyDir or a claim template.
     c.eq(mounts.get("data", {}).get("mountPath"), cfg.get("log", {}).get("dir", "/data"), "data volume is mounted at log.dir")
@@ -211,6 +292,8 @@ def main() -> int:
         c.eq([port_number(proxy, p["targetPort"]) for p in ports], [v["proxy"]["port"]],
              "client Service targets only the proxy's client port")
         c.eq(ports[0]["port"], v["service"]["port"], "client Service port")
+        c.eq(ports[0].get("name"), client_port, "client Service port name")
+        c.eq(ports[0].get("appProtocol"), "https" if tls_on else None, "client Service appProtocol (https with TLS)")
         if v["service"]["sessionAffinity"]["enabled"]:
             c.eq(main["spec"].get("sessionAffinity"), "ClientIP", "session affinity by client IP")
             c.eq(main["spec"].get("sessionAffinityConfig", {}).get("clientIP", {}).get("timeoutSeconds"),
@@ -269,6 +352,7 @@ def main() -> int:
                     c.check(ep[0].get("port") in [p["name"] for p in admin["spec"]["ports"]],
                             "scrape port is a port of the admin Service")
                 c.eq(ep[0].get("path"), "/metrics", "scrape path")
+                c.eq(ep[0].get("scheme", "http"), "http", "scrapes over plain HTTP (the admin port never speaks TLS)")
                 relabel = {r.get("targetLabel"): r.get("replacement") for r in ep[0].get("relabelings", [])}
                 c.eq(relabel.get("job"), fullname, "scraped series get job=<fullname>, as the alerts select")
                 allowed = {"port", "path", "interval", "scrapeTimeout", "relabelings", "metricRelabelings", "scheme"}

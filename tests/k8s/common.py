@@ -1,11 +1,14 @@
 """Shared facts and helpers of the Kubernetes kit checks (run by scripts/check-k8s).
 
 The metric names, types and labels below are design.md §7's fixed contract, plus the proxy's own
-additions: `mcp_resume_log_max_bytes` (the configured `log.max_total_bytes`, exported so alerts can
-use a ratio), `mcp_resume_log_disk_bytes` (the log's segment files on disk) and
-`mcp_resume_store_errors_total` (design.md §10: failed writes, syncs or file operations of the
-log). When ../shared/design.md is present, `design_metrics()` reads the table and the checks
-compare it with this copy, so the two cannot drift apart unnoticed.
+additions (src/metrics.rs): `mcp_resume_log_max_bytes` (the configured `log.max_total_bytes`,
+exported so alerts can use a ratio), `mcp_resume_log_disk_bytes` (the log's segment files on
+disk), `mcp_resume_store_errors_total` (design.md §10: failed writes, syncs or file operations of
+the log), `mcp_resume_dropped_total`, the security counters of design.md §11
+(`mcp_resume_requests_rejected_total`, `mcp_resume_auth_rejected_total`) and the 2026-07-28 face's
+of §12 (`mcp_resume_tasks_total`, `mcp_resume_upstream_pool_sessions`). When ../shared/design.md
+is present, `design_metrics()` reads the table and the checks compare it with this copy, so the
+two cannot drift apart unnoticed.
 """
 
 from __future__ import annotations
@@ -38,11 +41,18 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mcp_resume_client_streams_active": ("gauge", ("facade",)),
 }
 # Not in design.md §7's table: the configured bound of mcp_resume_log_bytes, the log's bytes on
-# disk (live records, dead ones not yet compacted, headers), and the storage failures of §10.
+# disk (live records, dead ones not yet compacted, headers), the storage failures of §10, messages
+# that could not be delivered, the refusals of §11 (before any session was looked at; a session of
+# another identity or face), and the tasks and upstream pool of §12.
 EXTRA_METRICS = {
     "mcp_resume_log_max_bytes": ("gauge", ()),
     "mcp_resume_log_disk_bytes": ("gauge", ()),
     "mcp_resume_store_errors_total": ("counter", ()),
+    "mcp_resume_dropped_total": ("counter", ("reason",)),
+    "mcp_resume_requests_rejected_total": ("counter", ("reason",)),
+    "mcp_resume_auth_rejected_total": ("counter", ("facade",)),
+    "mcp_resume_tasks_total": ("counter", ("status",)),
+    "mcp_resume_upstream_pool_sessions": ("gauge", ()),
 }
 ALL_METRICS = {**METRICS, **EXTRA_METRICS}
 
@@ -58,6 +68,10 @@ REFUSAL_REASONS = (
 )
 ENDED_REASONS = ("client_delete", "idle_timeout", "upstream_lost", "shutdown", "evicted", "store_error")
 FACADES = ("legacy", "streamable")
+# src/metrics.rs DROPPED_REASONS and REJECT_REASONS, src/modern/tasks.rs TASK_STATUSES.
+DROPPED_REASONS = ("oversized_event", "bad_event", "late_response", "non_message_event", "reader_trimmed")
+REJECT_REASONS = ("origin_not_allowed", "host_not_allowed", "identity_required", "unsupported_media_type")
+TASK_STATUSES = ("created", "completed", "failed", "cancelled", "expired")
 
 # Metrics that queries may name besides the proxy's own.
 PROMETHEUS_METRICS = {"up"}
@@ -72,25 +86,47 @@ KUBE_STATE_METRICS = {
     "kube_pod_container_status_last_terminated_exitcode",
 }
 
-# The proxy's config: section -> keys, exactly (design.md §7 plus the issue's additions).
+# The proxy's config: section -> keys, exactly, in the order of the proxy's config structs
+# (src/config.rs `Config` and the section structs it names; contract.py compares them).
 CONFIG_KEYS = {
-    "listen": ["addr", "max_connections"],
+    "listen": ["addr", "max_connections", "body_timeout_secs", "allowed_origins", "allowed_hosts"],
     "admin": ["addr"],
-    "upstream": ["sse_url", "post_timeout_secs", "connect_timeout_secs", "max_event_bytes"],
+    "upstream": [
+        "sse_url", "post_timeout_secs", "connect_timeout_secs", "max_event_bytes", "request_timeout_secs",
+        "ca_file", "allowed_endpoint_origins",
+    ],
     "legacy": ["sse_path", "message_path"],
     "streamable": ["path", "allowed_origins"],
     "log": ["dir", "durability", "max_events_per_session", "max_bytes_per_session", "max_total_bytes"],
-    "sessions": ["idle_ttl_secs", "retain_ended_secs", "max_sessions", "keepalive_secs"],
+    "sessions": [
+        "idle_ttl_secs", "retain_ended_secs", "max_sessions", "keepalive_secs", "max_per_identity", "unused_ttl_secs",
+    ],
     "shutdown": ["grace_secs"],
+    "auth": ["identity_headers", "require_identity"],
+    "tls": ["cert_file", "key_file", "client_ca_file", "reload_secs"],
+    "modern": ["pool_max_sessions", "pool_idle_secs", "pool_wait_secs", "cache_ttl_ms", "input_ttl_secs"],
+    "tasks": ["mode", "after_ms", "ttl_secs", "poll_interval_ms"],
 }
+# The proxy's defaults. None: an optional key without a default (a file path), absent from the
+# TOML unless set; its value is a string. `tls.reload_secs` is optional in the proxy too, and
+# absent means 10 (tls::DEFAULT_RELOAD_SECS); the chart always writes it.
 CONFIG_DEFAULTS = {
-    "listen": {"addr": "127.0.0.1:8080", "max_connections": 10000},
+    "listen": {
+        "addr": "127.0.0.1:8080",
+        "max_connections": 10000,
+        "body_timeout_secs": 30,
+        "allowed_origins": [],
+        "allowed_hosts": [],
+    },
     "admin": {"addr": "127.0.0.1:9090"},
     "upstream": {
         "sse_url": "http://127.0.0.1:8000/sse",
         "post_timeout_secs": 30,
         "connect_timeout_secs": 10,
         "max_event_bytes": 4194304,
+        "request_timeout_secs": 0,
+        "ca_file": None,
+        "allowed_endpoint_origins": [],
     },
     "legacy": {"sse_path": "/sse", "message_path": "/messages"},
     "streamable": {"path": "/mcp", "allowed_origins": []},
@@ -101,8 +137,37 @@ CONFIG_DEFAULTS = {
         "max_bytes_per_session": 67108864,
         "max_total_bytes": 1073741824,
     },
-    "sessions": {"idle_ttl_secs": 300, "retain_ended_secs": 600, "max_sessions": 10000, "keepalive_secs": 15},
+    "sessions": {
+        "idle_ttl_secs": 300,
+        "retain_ended_secs": 600,
+        "max_sessions": 10000,
+        "keepalive_secs": 15,
+        "max_per_identity": 1000,
+        "unused_ttl_secs": 15,
+    },
     "shutdown": {"grace_secs": 10},
+    "auth": {"identity_headers": ["authorization"], "require_identity": False},
+    "tls": {"cert_file": None, "key_file": None, "client_ca_file": None, "reload_secs": 10},
+    "modern": {
+        "pool_max_sessions": 64,
+        "pool_idle_secs": 60,
+        "pool_wait_secs": 10,
+        "cache_ttl_ms": 0,
+        "input_ttl_secs": 300,
+    },
+    "tasks": {"mode": "after", "after_ms": 1000, "ttl_secs": 3600, "poll_interval_ms": 1000},
+}
+# Keys the chart sets itself (not values under proxy.config): the listeners' addresses from the
+# ports, the log on the data volume, and the TLS files from the mounted Secrets. upstream.sse_url
+# is derived too, unless proxy.config.upstream.sse_url is set.
+CONFIG_DERIVED = {
+    ("listen", "addr"),
+    ("admin", "addr"),
+    ("log", "dir"),
+    ("upstream", "ca_file"),
+    ("tls", "cert_file"),
+    ("tls", "key_file"),
+    ("tls", "client_ca_file"),
 }
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}

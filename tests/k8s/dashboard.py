@@ -38,7 +38,14 @@ REQUIRED_TOPICS = {
     "log bytes on disk": "mcp_resume_log_disk_bytes",
     "store errors": "mcp_resume_store_errors_total",
     "upstream errors": "mcp_resume_upstream_errors_total",
+    "undeliverable messages": "mcp_resume_dropped_total",
+    "sessions of another identity or face": "mcp_resume_auth_rejected_total",
+    "requests rejected (origin, host, identity, media type)": "mcp_resume_requests_rejected_total",
+    "tasks by status": "mcp_resume_tasks_total",
+    "upstream pool sessions": "mcp_resume_upstream_pool_sessions",
 }
+# Rows the runbooks and READMEs send readers to.
+REQUIRED_ROWS = ("Overview", "Resumption", "Sessions", "Event log", "Upstream", "Security", "2026-07-28 tasks")
 
 
 def panels(dash: dict):
@@ -102,6 +109,12 @@ def main(path: str, out: str) -> int:
     for topic, metric in REQUIRED_TOPICS.items():
         c.check(metric in used, f"topic {topic!r} shown ({metric})")
     c.check("up" in used, "proxies up is shown")
+    rows = [p.get("title") for p in dash.get("panels", []) if p.get("type") == "row"]
+    for r in REQUIRED_ROWS:
+        c.check(r in rows, f"row {r!r} exists (rows: {rows})")
+    failed = [t.get("expr", "") for p in panels(dash) for t in p.get("targets", [])
+              if "mcp_resume_tasks_total" in t.get("expr", "") and 'status="failed"' in t.get("expr", "")]
+    c.check(failed, "failed tasks have a panel of their own (alert McpResumeTasksFailed)")
 
     with open(out, "w") as f:
         yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": rules}]}, f, sort_keys=False, width=1000)

@@ -2,9 +2,9 @@
 
     python scrape.py METRICS.txt MAX_TOTAL_BYTES
 
-Every fixed family of design.md §7 and the proxy's additions (mcp_resume_log_max_bytes,
-mcp_resume_log_disk_bytes, mcp_resume_store_errors_total) is exported with its type and label
-names; labelled families export their known label values from the start (so rates and alerts have
+Every fixed family of design.md §7 and the proxy's additions (common.py EXTRA_METRICS: log bound
+and bytes on disk, store errors, dropped messages, security refusals, tasks, upstream pool) is
+exported with its type and label names; labelled families export their known label values from the start (so rates and alerts have
 a series at 0 before the first event); mcp_resume_log_max_bytes is the configured
 log.max_total_bytes; a fresh data dir has no store errors and its open segment on disk.
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import sys
 
-from common import ALL_METRICS, ENDED_REASONS, FACADES, REFUSAL_REASONS, Checks
+from common import ALL_METRICS, DROPPED_REASONS, ENDED_REASONS, FACADES, REFUSAL_REASONS, REJECT_REASONS, TASK_STATUSES, Checks
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -54,8 +54,18 @@ def main(path: str, max_total_bytes: str) -> int:
             f"mcp_resume_refusals_total exports every reason of design.md §4 from the start (has {sorted(values_of('mcp_resume_refusals_total', 'reason'))})")
     c.check(set(ENDED_REASONS) <= values_of("mcp_resume_sessions_ended_total", "reason"),
             f"mcp_resume_sessions_ended_total exports every end reason from the start (has {sorted(values_of('mcp_resume_sessions_ended_total', 'reason'))})")
-    for fam in ("mcp_resume_resumes_total", "mcp_resume_sessions_started_total", "mcp_resume_client_streams_active"):
+    for fam in ("mcp_resume_resumes_total", "mcp_resume_sessions_started_total", "mcp_resume_client_streams_active",
+                "mcp_resume_auth_rejected_total"):
         c.check(set(FACADES) <= values_of(fam, "facade"), f"{fam} exports both facades from the start (has {sorted(values_of(fam, 'facade'))})")
+    for fam, label, known in (
+        ("mcp_resume_dropped_total", "reason", DROPPED_REASONS),
+        ("mcp_resume_requests_rejected_total", "reason", REJECT_REASONS),
+        ("mcp_resume_tasks_total", "status", TASK_STATUSES),
+    ):
+        c.check(set(known) <= values_of(fam, label),
+                f"{fam} exports every {label} from the start (has {sorted(values_of(fam, label))})")
+    pool = [s[2] for s in samples if s[0] == "mcp_resume_upstream_pool_sessions"]
+    c.eq(pool, [0.0], "mcp_resume_upstream_pool_sessions is 0 before any 2026-07-28 request")
     bound = [s[2] for s in samples if s[0] == "mcp_resume_log_max_bytes"]
     c.eq(bound, [float(max_total_bytes)], "mcp_resume_log_max_bytes is log.max_total_bytes")
     errors = [s[2] for s in samples if s[0] == "mcp_resume_store_errors_total"]

@@ -55,6 +55,18 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* Where the config file and the data volume are mounted in the proxy container. */}}
 {{- define "mcp-resume-proxy.configDir" -}}/etc/mcp-resume-proxy{{- end }}
 {{- define "mcp-resume-proxy.dataDir" -}}/data{{- end }}
+{{/* Where the TLS Secrets (and the upstream CA) are mounted, one directory each. */}}
+{{- define "mcp-resume-proxy.secretsDir" -}}/var/run/secrets/mcp-resume-proxy{{- end }}
+
+{{/* Name of the proxy's client port: https when it speaks TLS. */}}
+{{- define "mcp-resume-proxy.clientPortName" -}}
+{{- if .Values.tls.secretName }}https{{ else }}http{{ end }}
+{{- end }}
+
+{{/* Non-empty when an upstream CA bundle is mounted (tls.upstreamCa). */}}
+{{- define "mcp-resume-proxy.upstreamCa" -}}
+{{- with .Values.tls.upstreamCa }}{{ if or .secretName .configMapName }}true{{ end }}{{ end }}
+{{- end }}
 
 {{/* The upstream SSE URL: the MCP server container over the pod's loopback. */}}
 {{- define "mcp-resume-proxy.upstreamUrl" -}}
@@ -93,5 +105,15 @@ Checks that values which would only fail at run time fail at render time instead
 {{- $c := .Values.proxy.config -}}
 {{- if ne (len (uniq (list $c.legacy.sse_path $c.legacy.message_path $c.streamable.path))) 3 -}}
 {{- fail "proxy.config.legacy.sse_path, legacy.message_path and streamable.path must differ" -}}
+{{- end -}}
+{{- $tls := .Values.tls -}}
+{{- if and $tls.clientCaSecretName (not $tls.secretName) -}}
+{{- fail "tls.clientCaSecretName needs tls.secretName (mutual TLS is TLS: the proxy asks for client certificates only on a TLS listener)" -}}
+{{- end -}}
+{{- if and $tls.upstreamCa.secretName $tls.upstreamCa.configMapName -}}
+{{- fail "tls.upstreamCa: set secretName or configMapName, not both" -}}
+{{- end -}}
+{{- if and $tls.secretName (not .Values.podSecurityContext.fsGroup) -}}
+{{- fail "tls.secretName needs podSecurityContext.fsGroup (default 65532): the key file is mounted with mode 0440, readable by that group" -}}
 {{- end -}}
 {{- end }}
