@@ -897,6 +897,11 @@ impl Registry {
     pub async fn end_interrupted(&self, interrupted: Vec<Interrupted>) {
         let mut ends = tokio::task::JoinSet::new();
         for i in interrupted {
+            if i.log.facade == Facade::Task {
+                // A task the previous run left unfinished reads back as `failed` (-32091): it is
+                // counted as one, so the failed-tasks alert sees crashes too.
+                self.metrics.tasks.with_label_values(&["failed"]).inc();
+            }
             let (log, metrics) = (self.log.clone(), self.metrics.clone());
             ends.spawn(async move {
                 end_log(&log, &metrics, &i.log, EndReason::UpstreamLost, i.inflight).await;

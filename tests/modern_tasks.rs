@@ -147,6 +147,14 @@ async fn tasks_survive_a_sigkill_of_the_proxy() {
     assert_eq!(snap["raw"]["error"]["code"], -32091, "{snap}");
     let other = client(&url, s(&["snapshot", &unfinished]), "mallory").await;
     assert_eq!(other["error"]["code"], -32602, "{other}");
+    // The restarted proxy counts the task the kill left unfinished as failed (the failed-tasks
+    // alert sees crashes too); the finished one was counted by the run that finished it.
+    let m = metric(
+        &proxy.metrics_url(),
+        "mcp_resume_tasks_total{status=\"failed\"}",
+    )
+    .await;
+    assert_eq!(m, 1.0);
 
     // Cancel a live task.
     let c = client(&url, s(&["create", "slow", r#"{"seconds":30}"#]), "alice").await;
