@@ -39,6 +39,9 @@ pub const TASK_TTL_SECS: u64 = 40;
 pub const STUCK_BOUND: Duration = Duration::from_secs(20);
 /// After an acknowledged `tasks/cancel`, how long a task may still say `working`.
 const CANCEL_BOUND: Duration = Duration::from_secs(10);
+/// A task acknowledged cancelled this long before its upstream call could have answered must not
+/// complete (the cancel had that long to reach the task).
+const CANCEL_MARGIN: Duration = Duration::from_secs(3);
 /// A request with no answer, or a refusal, must have a fault within this of it.
 const FAULT_SLACK: Duration = Duration::from_secs(5);
 /// How long a POST may take.
@@ -102,6 +105,8 @@ struct Task {
     /// `createdAt + ttlMs`, Unix ms.
     expiry_ms: u64,
     terminal: Option<Terminal>,
+    /// The result, once completed.
+    result: Option<Value>,
     cancel_sent: Option<Instant>,
     cancel_acked: Option<Instant>,
     /// Highest `statusMessage` step seen.
@@ -557,6 +562,7 @@ impl Client {
             handle: recv,
             expiry_ms: created + ttl,
             terminal: None,
+            result: None,
             cancel_sent: None,
             cancel_acked: None,
             progress: 0,
@@ -778,6 +784,21 @@ impl Client {
                 t.last_working = Some(sent);
                 return;
             }
+            // Once terminal, later reads must give the same state and result; the checks
+            // against the task's history are made when it is first seen terminal.
+            "completed" if t.terminal.is_some() => {
+                if t.result.as_ref() != Some(&r["result"]) {
+                    wrong(format!(
+                        "completed again with another result than first seen ({:?})",
+                        t.result
+                    ));
+                }
+                Terminal::Completed
+            }
+            "failed" if t.terminal.is_some() => {
+                Terminal::Failed(r["error"]["code"].as_i64().unwrap_or(0))
+            }
+            "cancelled" if t.terminal.is_some() => Terminal::Cancelled,
             "completed" => {
                 let text = format!("counted {}", t.n);
                 if r["result"]["content"][0]["text"] != json!(text)
@@ -785,10 +806,21 @@ impl Client {
                 {
                     wrong(format!("completed with another result than {text:?}"));
                 }
+                t.result = Some(r["result"].clone());
                 if recv < t.sent + t.run_time() {
                     wrong(format!(
                         "completed {:?} after the call, before the upstream could have answered",
                         recv - t.sent
+                    ));
+                }
+                if let Some(a) = t
+                    .cancel_acked
+                    .filter(|a| *a + CANCEL_MARGIN < t.sent + t.run_time())
+                {
+                    wrong(format!(
+                        "completed although its tasks/cancel was acknowledged at t={:.3}s, at least {}s before the upstream could answer",
+                        sh.at(a),
+                        CANCEL_MARGIN.as_secs()
                     ));
                 }
                 Terminal::Completed
