@@ -1,6 +1,8 @@
 //! Chaos test (issue 4, part 1): the proxy binary in front of the demo upstream process, with
 //! client cuts, proxy SIGKILLs in both durability modes, upstream SIGKILLs and SIGTERMs under
-//! load, checked by an oracle that knows what the upstream emitted. See `docs/chaos.md`.
+//! load, checked by an oracle that knows what the upstream emitted. 2026-07-28 clients run beside
+//! the legacy ones, polling durable tasks across the same faults (issue 11: no task lost, none
+//! stuck in `working`, none visible to another identity). See `docs/chaos.md`.
 //!
 //! `cargo test --test chaos -- --nocapture` runs the short profile (CI);
 //! `CHAOS_PROFILE=long cargo test --release --test chaos -- --nocapture` the long one;

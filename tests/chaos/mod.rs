@@ -1,9 +1,12 @@
 //! The chaos harness (issue 4, part 1): many legacy MCP sessions through the proxy *binary* in
 //! front of the demo upstream *process*, with faults injected at random (seeded) points while
-//! events flow, and an oracle that checks every client. See `docs/chaos.md`.
+//! events flow, and an oracle that checks every client. 2026-07-28 clients run beside them, their
+//! long calls made durable tasks polled across the same faults (issue 11, [`modern`]). See
+//! `docs/chaos.md`.
 
 pub mod client;
 pub mod faults;
+pub mod modern;
 pub mod oracle;
 pub mod procs;
 pub mod rng;
@@ -31,6 +34,8 @@ pub struct Profile {
     pub name: String,
     /// Concurrent client workers (each runs one session at a time).
     pub workers: u64,
+    /// Concurrent 2026-07-28 client workers (each with its own identity, holding a few tasks).
+    pub modern_workers: u64,
     /// Length of the fault phase.
     pub duration: Duration,
     /// Proxy SIGKILLs (half of them hit a relaxed-mode instance).
@@ -49,6 +54,7 @@ impl Profile {
         Self {
             name: "short".into(),
             workers: 4,
+            modern_workers: 2,
             duration: Duration::from_secs(70),
             proxy_kills: 4,
             upstream_kills: 1,
@@ -62,6 +68,7 @@ impl Profile {
         Self {
             name: "medium".into(),
             workers: 8,
+            modern_workers: 3,
             duration: Duration::from_secs(240),
             proxy_kills: 10,
             upstream_kills: 5,
@@ -76,6 +83,7 @@ impl Profile {
         Self {
             name: "long".into(),
             workers: 12,
+            modern_workers: 4,
             duration: Duration::from_secs(540),
             proxy_kills: 12,
             upstream_kills: 6,
@@ -94,7 +102,8 @@ impl Profile {
         }
     }
 
-    /// `CHAOS_PROFILE` (default short), with `CHAOS_SECS` / `CHAOS_WORKERS` overrides.
+    /// `CHAOS_PROFILE` (default short), with `CHAOS_SECS` / `CHAOS_WORKERS` /
+    /// `CHAOS_MODERN_WORKERS` overrides.
     pub fn from_env() -> Self {
         let name = std::env::var("CHAOS_PROFILE").unwrap_or_else(|_| "short".into());
         let mut p = Self::named(&name)
@@ -110,6 +119,12 @@ impl Profile {
             .and_then(|v| v.parse().ok())
         {
             p.workers = w;
+        }
+        if let Some(w) = std::env::var("CHAOS_MODERN_WORKERS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+        {
+            p.modern_workers = w;
         }
         p
     }
@@ -174,6 +189,7 @@ async fn run_async(profile: &Profile, seed: u64, bin: PathBuf, ports: Ports) -> 
         max_events: profile.max_events,
         idle_ttl_secs: IDLE_TTL_SECS,
         grace_secs: grace.as_secs(),
+        task_ttl_secs: modern::TASK_TTL_SECS,
     };
     let mut rng = Rng::fork(seed, 1);
     let plan = faults::plan(
@@ -202,6 +218,7 @@ async fn run_async(profile: &Profile, seed: u64, bin: PathBuf, ports: Ports) -> 
         addr,
         profile.max_events,
         Duration::from_secs(IDLE_TTL_SECS),
+        Duration::from_secs(modern::TASK_TTL_SECS),
     ));
     if !procs.start(first_mode).await {
         sh.violation(
@@ -214,12 +231,15 @@ async fn run_async(profile: &Profile, seed: u64, bin: PathBuf, ports: Ports) -> 
         return finish(profile, &sh, dir);
     }
 
+    let end = sh.t0 + profile.duration;
     let workers: Vec<_> = (0..profile.workers)
         .map(|w| tokio::spawn(client::worker(sh.clone(), w)))
+        .chain(
+            (0..profile.modern_workers).map(|w| tokio::spawn(modern::worker(sh.clone(), w, end))),
+        )
         .collect();
     let ok = faults::controller(sh.clone(), &mut procs, &plan, Rng::fork(seed, 2), grace).await;
     if ok {
-        let end = sh.t0 + profile.duration;
         while Instant::now() < end {
             if !faults::watch(&sh, &mut procs).await {
                 break;
@@ -251,6 +271,7 @@ async fn run_async(profile: &Profile, seed: u64, bin: PathBuf, ports: Ports) -> 
 }
 
 fn finish(profile: &Profile, sh: &Shared, dir: PathBuf) -> Outcome {
+    check_exercised(profile, sh);
     let st = sh.stats();
     let refusals: Vec<String> = st
         .refusals
@@ -258,7 +279,7 @@ fn finish(profile: &Profile, sh: &Shared, dir: PathBuf) -> Outcome {
         .map(|(k, v)| format!("{k}:{v}"))
         .collect();
     let summary = format!(
-        "chaos: sessions={} events={} disconnects={} proxy_kills={} upstream_kills={} sigterms={} resumes_served={} refusals={{{}}} silent_gaps={} duplicates={} hung_requests={} wrong_refusals={} protocol_errors={} seed={}",
+        "chaos: sessions={} events={} disconnects={} proxy_kills={} upstream_kills={} sigterms={} resumes_served={} refusals={{{}}} silent_gaps={} duplicates={} hung_requests={} wrong_refusals={} protocol_errors={} tasks={} tasks_completed={} tasks_failed_32091={} tasks_cancelled={} tasks_expired={} tasks_across_restart={} tasks_lost={} tasks_stuck={} foreign_visible={} tasks_wrong={} seed={}",
         st.sessions,
         st.events,
         st.disconnects,
@@ -272,6 +293,16 @@ fn finish(profile: &Profile, sh: &Shared, dir: PathBuf) -> Outcome {
         st.count(Violation::Hung),
         st.count(Violation::WrongRefusal),
         st.count(Violation::Protocol),
+        st.tasks,
+        st.tasks_completed,
+        st.tasks_failed_32091,
+        st.tasks_cancelled,
+        st.tasks_expired,
+        st.tasks_across_restart,
+        st.count(Violation::TaskLost),
+        st.count(Violation::TaskStuck),
+        st.count(Violation::TaskForeignVisible),
+        st.count(Violation::TaskWrong),
         sh.seed,
     );
     let faults: Vec<String> = sh
@@ -280,7 +311,7 @@ fn finish(profile: &Profile, sh: &Shared, dir: PathBuf) -> Outcome {
         .map(|f| format!("{:?}({})@{:.1}s", f.kind, f.mode.as_str(), sh.at(f.begin)))
         .collect();
     let detail = format!(
-        "chaos-detail: profile={} elapsed={:.0}s emit_events={} mid_event_cuts={} replay_cuts={} stale_resumes={} takeovers={} long_pauses={} server_ends={} redelivered={} keepalives={} requests={} answered={} aborted_32091={} post_404={} post_errors={} post_unknown={} unanswered_after_relaxed_crash={} unanswered_at_refusal={} complete_ends={} forks={} idle_ends={} rotated={} orphaned={} open_failed={} proxy_kills_relaxed={} double_kills={} faults=[{}]",
+        "chaos-detail: profile={} elapsed={:.0}s emit_events={} mid_event_cuts={} replay_cuts={} stale_resumes={} takeovers={} long_pauses={} server_ends={} redelivered={} keepalives={} requests={} answered={} aborted_32091={} post_404={} post_errors={} post_unknown={} unanswered_after_relaxed_crash={} unanswered_at_refusal={} complete_ends={} forks={} idle_ends={} rotated={} orphaned={} open_failed={} proxy_kills_relaxed={} double_kills={} modern_calls={} modern_streams={} modern_immediate={} modern_call_cuts={} modern_call_failed={} modern_aborted={} modern_unavailable={} task_polls={} task_poll_cuts={} task_poll_failed={} task_cancels={} tasks_rechecked={} tasks_failed_by_restart={} tasks_unresolved={} foreign_polls={} unexercised={} faults=[{}]",
         profile.name,
         sh.at(Instant::now()),
         st.emit_events,
@@ -308,6 +339,22 @@ fn finish(profile: &Profile, sh: &Shared, dir: PathBuf) -> Outcome {
         st.open_failed,
         st.proxy_kills_relaxed,
         st.double_kills,
+        st.modern_calls,
+        st.modern_streams,
+        st.modern_immediate,
+        st.modern_call_cuts,
+        st.modern_call_failed,
+        st.modern_aborted,
+        st.modern_unavailable,
+        st.task_polls,
+        st.task_poll_cuts,
+        st.task_poll_failed,
+        st.task_cancels,
+        st.tasks_rechecked,
+        st.tasks_failed_by_restart,
+        st.tasks_unresolved,
+        st.foreign_polls,
+        st.count(Violation::Unexercised),
         faults.join(" "),
     );
     let ok = st.violations.values().all(|&n| n == 0);
@@ -320,5 +367,38 @@ fn finish(profile: &Profile, sh: &Shared, dir: PathBuf) -> Outcome {
         violations: st.details.clone(),
         ok,
         dir,
+    }
+}
+
+/// A run whose 2026-07-28 workload did essentially nothing proves nothing about tasks: it fails.
+fn check_exercised(profile: &Profile, sh: &Shared) {
+    if profile.modern_workers == 0 {
+        return;
+    }
+    let why = {
+        let st = sh.stats();
+        let restarts = st.proxy_kills + st.sigterms;
+        let mut why = Vec::new();
+        if st.tasks < 5 {
+            why.push(format!("only {} tasks were created", st.tasks));
+        }
+        if st.tasks_completed == 0 {
+            why.push("no task completed".to_string());
+        }
+        if restarts > 0 && st.tasks_across_restart == 0 {
+            why.push(format!(
+                "{restarts} proxy restarts, but no task was read from a proxy process other than the one that created it"
+            ));
+        }
+        if st.foreign_polls == 0 {
+            why.push("no task was asked for with another identity".to_string());
+        }
+        why
+    };
+    for w in why {
+        sh.violation(
+            Violation::Unexercised,
+            format!("the 2026-07-28 workload was not exercised: {w}"),
+        );
     }
 }

@@ -64,6 +64,21 @@ pub enum Violation {
     /// Anything else the contract forbids (an event without id, a bad status, a proxy that did
     /// not stop on SIGTERM, …).
     Protocol,
+    /// A task whose handle the client holds answered as unknown before its TTL passed.
+    TaskLost,
+    /// A task still `working` when it cannot be (after a restart of the proxy that ran it, long
+    /// after its upstream call should have finished, or at the end of the run).
+    TaskStuck,
+    /// Another identity's `tasks/get` or `tasks/cancel` was answered otherwise than an unknown
+    /// id is.
+    TaskForeignVisible,
+    /// A task resolved to something its history does not explain: another result than the
+    /// upstream's, `cancelled` without a cancel, `failed` without a fault, a terminal state that
+    /// changed, a task still served after its TTL.
+    TaskWrong,
+    /// The 2026-07-28 workload did too little for its zeros to mean anything (no tasks, none
+    /// completed, none read across a proxy restart in a run that had restarts, no foreign poll).
+    Unexercised,
 }
 
 /// Counters of the run.
@@ -102,6 +117,27 @@ pub struct Stats {
     pub complete_ends: u64,
     pub forks: u64,
     pub idle_ends: u64,
+    pub tasks: u64,
+    pub tasks_completed: u64,
+    pub tasks_failed_32091: u64,
+    pub tasks_cancelled: u64,
+    pub tasks_expired: u64,
+    pub tasks_unresolved: u64,
+    pub tasks_across_restart: u64,
+    pub tasks_failed_by_restart: u64,
+    pub tasks_rechecked: u64,
+    pub modern_calls: u64,
+    pub modern_streams: u64,
+    pub modern_immediate: u64,
+    pub modern_call_cuts: u64,
+    pub modern_call_failed: u64,
+    pub modern_aborted: u64,
+    pub modern_unavailable: u64,
+    pub task_polls: u64,
+    pub task_poll_cuts: u64,
+    pub task_poll_failed: u64,
+    pub task_cancels: u64,
+    pub foreign_polls: u64,
     pub violations: BTreeMap<Violation, u64>,
     pub details: Vec<String>,
 }
@@ -125,6 +161,10 @@ pub struct Shared {
     pub max_events: u64,
     /// `sessions.idle_ttl_secs`.
     pub idle_ttl: Duration,
+    /// `tasks.ttl_secs`.
+    pub task_ttl: Duration,
+    /// Task ids handed out, with the worker that holds each (for foreign polls).
+    task_ids: Mutex<Vec<(u64, String)>>,
     stop: AtomicBool,
     hard_deadline: Mutex<Option<Instant>>,
     faults: Mutex<Vec<Fault>>,
@@ -133,13 +173,21 @@ pub struct Shared {
 
 impl Shared {
     /// New shared state.
-    pub fn new(seed: u64, addr: SocketAddr, max_events: u64, idle_ttl: Duration) -> Self {
+    pub fn new(
+        seed: u64,
+        addr: SocketAddr,
+        max_events: u64,
+        idle_ttl: Duration,
+        task_ttl: Duration,
+    ) -> Self {
         Self {
             t0: Instant::now(),
             seed,
             addr,
             max_events,
             idle_ttl,
+            task_ttl,
+            task_ids: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             hard_deadline: Mutex::new(None),
             faults: Mutex::new(Vec::new()),
@@ -231,6 +279,43 @@ impl Shared {
                 && f.begin < before
                 && f.dead.is_none_or(|d| d > after)
         })
+    }
+
+    /// Did a fault (of any kind) overlap `[a, b]`, or end less than `slack` before `a`? (From
+    /// its signal until the replacement is ready; one in progress lasts until now.)
+    pub fn fault_near(&self, a: Instant, b: Instant, slack: Duration) -> bool {
+        let now = Instant::now();
+        self.faults()
+            .iter()
+            .any(|f| f.begin <= b && f.ready.unwrap_or(now) + slack >= a)
+    }
+
+    /// Was the proxy process that was running at `a` replaced by one that was ready before `b`
+    /// (a SIGKILL or SIGTERM began after `a` and its replacement was ready before `b`)?
+    pub fn proxy_restarted_between(&self, a: Instant, b: Instant) -> bool {
+        self.faults().iter().any(|f| {
+            f.kind != FaultKind::UpstreamKill && f.begin > a && f.ready.is_some_and(|r| r < b)
+        })
+    }
+
+    /// Worker `owner` holds task `id`.
+    pub fn task_created(&self, owner: u64, id: &str) {
+        let mut t = self.task_ids.lock().unwrap_or_else(|e| e.into_inner());
+        if t.len() >= 500 {
+            t.remove(0);
+        }
+        t.push((owner, id.to_string()));
+    }
+
+    /// A task id held by another worker than `me` (picked with `pick`).
+    pub fn foreign_task(&self, me: u64, pick: u64) -> Option<String> {
+        let t = self.task_ids.lock().unwrap_or_else(|e| e.into_inner());
+        let theirs: Vec<&String> = t
+            .iter()
+            .filter(|(o, _)| *o != me)
+            .map(|(_, id)| id)
+            .collect();
+        (!theirs.is_empty()).then(|| theirs[(pick % theirs.len() as u64) as usize].clone())
     }
 
     /// When the last fault was recovered from (now while one is in progress).

@@ -47,6 +47,8 @@ pub struct ProxySettings {
     pub idle_ttl_secs: u64,
     /// `shutdown.grace_secs`.
     pub grace_secs: u64,
+    /// `tasks.ttl_secs`.
+    pub task_ttl_secs: u64,
 }
 
 /// A child process with its stderr appended to a file.
@@ -91,7 +93,8 @@ impl Proc {
              [upstream]\nsse_url = \"http://127.0.0.1:{}/sse\"\npost_timeout_secs = 10\nconnect_timeout_secs = 5\n\
              [log]\ndir = \"{}\"\ndurability = \"{}\"\nmax_events_per_session = {}\n\
              [sessions]\nidle_ttl_secs = {}\nretain_ended_secs = 7200\nkeepalive_secs = 1\n\
-             [shutdown]\ngrace_secs = {}\n",
+             [shutdown]\ngrace_secs = {}\n\
+             [tasks]\nmode = \"after\"\nafter_ms = {}\nttl_secs = {}\npoll_interval_ms = {}\n",
             s.port,
             s.admin,
             s.upstream,
@@ -100,6 +103,9 @@ impl Proc {
             s.max_events,
             s.idle_ttl_secs,
             s.grace_secs,
+            super::modern::TASK_AFTER_MS,
+            s.task_ttl_secs,
+            super::modern::TASK_POLL_MS,
         );
         std::fs::write(&cfg, text).expect("write proxy config");
         let child = Command::new(bin)

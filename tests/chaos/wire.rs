@@ -90,6 +90,7 @@ struct Head {
     status: u16,
     chunked: bool,
     content_length: Option<usize>,
+    content_type: Option<String>,
 }
 
 /// Reads a response head; returns it and the bytes already read past it.
@@ -123,6 +124,7 @@ async fn read_head(sock: &mut TcpStream, deadline: Instant) -> Result<(Head, Vec
         status,
         chunked: false,
         content_length: None,
+        content_type: None,
     };
     for l in lines {
         let Some((k, v)) = l.split_once(':') else {
@@ -133,38 +135,48 @@ async fn read_head(sock: &mut TcpStream, deadline: Instant) -> Result<(Head, Vec
             head.chunked = true;
         } else if k == "content-length" {
             head.content_length = v.parse().ok();
+        } else if k == "content-type" {
+            head.content_type = Some(v);
         }
     }
     Ok((head, rest))
 }
 
 /// Reads a whole (small) body after a head.
-async fn read_body(
+async fn read_body(sock: &mut TcpStream, head: &Head, got: Vec<u8>, deadline: Instant) -> String {
+    read_body_checked(sock, head, got, deadline).await.0
+}
+
+/// Reads a whole (small) body after a head; also says whether it was complete (its length, or
+/// its terminating chunk, reached) rather than cut short by the connection or the deadline.
+async fn read_body_checked(
     sock: &mut TcpStream,
     head: &Head,
     mut got: Vec<u8>,
     deadline: Instant,
-) -> String {
+) -> (String, bool) {
     let mut tmp = [0u8; 4096];
-    loop {
+    let complete = loop {
         if let Some(cl) = head.content_length {
             if got.len() >= cl {
                 got.truncate(cl);
-                break;
+                break true;
             }
         }
         if head.chunked && got.ends_with(b"0\r\n\r\n") {
-            break;
+            break true;
         }
         match timeout_at(deadline, sock.read(&mut tmp)).await {
             Ok(Ok(n)) if n > 0 => got.extend_from_slice(&tmp[..n]),
-            _ => break,
+            // EOF delimits a body that has neither a length nor chunks.
+            Ok(Ok(_)) => break head.content_length.is_none() && !head.chunked,
+            _ => break false,
         }
-    }
+    };
     if head.chunked {
         got = dechunk(&got);
     }
-    String::from_utf8_lossy(&got).into_owned()
+    (String::from_utf8_lossy(&got).into_owned(), complete)
 }
 
 fn dechunk(mut b: &[u8]) -> Vec<u8> {
@@ -214,19 +226,7 @@ pub async fn open_sse(
         let body = read_body(&mut sock, &head, rest, Instant::now() + head_timeout).await;
         return Opened::Status(head.status, body);
     }
-    Opened::Stream(Box::new(SseConn {
-        sock,
-        raw: rest,
-        chunked: head.chunked,
-        chunk_left: 0,
-        need_crlf: false,
-        body_done: false,
-        sock_eof: false,
-        sse: Vec::new(),
-        budget: None,
-        cur: Partial::default(),
-        body_bytes: 0,
-    }))
+    Opened::Stream(SseConn::new(sock, rest, head.chunked))
 }
 
 /// What a POST gave.
@@ -264,6 +264,102 @@ pub async fn post(addr: SocketAddr, path: &str, body: &[u8], wait: Duration) -> 
     }
 }
 
+/// How the client cuts a 2026-07-28 POST.
+#[derive(Clone, Copy, Debug)]
+pub enum Cut {
+    /// It reads the whole answer.
+    No,
+    /// It drops the connection this long after sending the request, whatever has arrived.
+    After(Duration),
+    /// It drops the connection after this many body bytes (usually in the middle of the answer).
+    AtByte(usize),
+}
+
+/// What a 2026-07-28 POST gave.
+pub enum Reply {
+    /// A JSON (or other non-SSE) body: status and text.
+    Json(u16, String),
+    /// An SSE body: its events until it ended (properly or with the connection).
+    Sse(Vec<SseEvent>),
+    /// The client cut it before the answer was complete.
+    Cut,
+    /// No connection: certainly not delivered.
+    NotSent,
+    /// Sent, but no complete answer came.
+    Unknown,
+}
+
+/// `POST /mcp` with a JSON body, `extra` headers and `Connection: close`; reads a JSON or an SSE
+/// answer, unless `cut` says otherwise.
+pub async fn post_modern(
+    addr: SocketAddr,
+    extra: &[(&str, String)],
+    body: &[u8],
+    wait: Duration,
+    cut: Cut,
+) -> Reply {
+    let mut sock = match connect(addr).await {
+        Ok(s) => s,
+        Err(_) => return Reply::NotSent,
+    };
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (k, v) in extra {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut msg = head.into_bytes();
+    msg.extend_from_slice(body);
+    if sock.write_all(&msg).await.is_err() {
+        return Reply::Unknown;
+    }
+    let exchange = async move {
+        let deadline = Instant::now() + wait;
+        let (head, rest) = match read_head(&mut sock, deadline).await {
+            Ok(x) => x,
+            Err(_) => return Reply::Unknown,
+        };
+        let sse = head
+            .content_type
+            .as_deref()
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        if head.status == 200 && sse {
+            let mut c = SseConn::new(sock, rest, head.chunked);
+            if let Cut::AtByte(b) = cut {
+                c.set_budget(b);
+            }
+            let mut evs = Vec::new();
+            loop {
+                match c.next(deadline).await {
+                    Next::Event(e) => evs.push(e),
+                    Next::Comment => {}
+                    Next::End => return Reply::Sse(evs),
+                    Next::Cut { .. } => return Reply::Cut,
+                    Next::Timeout => return Reply::Unknown,
+                }
+            }
+        }
+        if let Cut::AtByte(b) = cut {
+            if head.content_length.is_none_or(|cl| b < cl) {
+                // Dropped with the answer half read.
+                return Reply::Cut;
+            }
+        }
+        match read_body_checked(&mut sock, &head, rest, deadline).await {
+            (text, true) => Reply::Json(head.status, text),
+            (_, false) => Reply::Unknown,
+        }
+    };
+    match cut {
+        Cut::After(d) => tokio::time::timeout(d, exchange)
+            .await
+            .unwrap_or(Reply::Cut),
+        _ => exchange.await,
+    }
+}
+
 /// `GET url` → status (0 when there is no answer).
 pub async fn get_status(addr: SocketAddr, path: &str) -> u16 {
     let Ok(mut sock) = connect(addr).await else {
@@ -280,6 +376,22 @@ pub async fn get_status(addr: SocketAddr, path: &str) -> u16 {
 }
 
 impl SseConn {
+    fn new(sock: TcpStream, rest: Vec<u8>, chunked: bool) -> Box<SseConn> {
+        Box::new(SseConn {
+            sock,
+            raw: rest,
+            chunked,
+            chunk_left: 0,
+            need_crlf: false,
+            body_done: false,
+            sock_eof: false,
+            sse: Vec::new(),
+            budget: None,
+            cur: Partial::default(),
+            body_bytes: 0,
+        })
+    }
+
     /// The client will cut the connection after `bytes` more body bytes.
     pub fn set_budget(&mut self, bytes: usize) {
         self.budget = Some(bytes);
