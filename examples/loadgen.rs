@@ -658,6 +658,7 @@ max_total_bytes = 8589934592
 idle_ttl_secs = 3600
 retain_ended_secs = 3600
 max_sessions = 10000
+max_per_identity = 10000
 [shutdown]
 grace_secs = 20
 "#,
