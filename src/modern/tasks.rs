@@ -398,6 +398,9 @@ impl Tasks {
         let mut fin = Map::new();
         fin.insert("jsonrpc".into(), json!("2.0"));
         fin.insert("id".into(), json!(0));
+        // When it finished, in ms: `lastUpdatedAt` of the finished task, never earlier than the
+        // last update a poll of the live task showed (the session's end time has whole seconds).
+        fin.insert("finishedAtMs".into(), json!(now_ms()));
         if let Some(r) = outcome.get("result") {
             fin.insert("result".into(), r.clone());
         } else {
@@ -455,7 +458,11 @@ impl Tasks {
             .iter()
             .find(|e| e.kind == Kind::Final)
             .and_then(|e| serde_json::from_slice::<Value>(&e.payload).ok());
-        let updated = sl.ended_unix().map_or(created, |s| (s * 1000).max(created));
+        let updated = fin
+            .as_ref()
+            .and_then(|f| f["finishedAtMs"].as_u64())
+            .or_else(|| sl.ended_unix().map(|s| s * 1000))
+            .map_or(created, |u| u.max(created));
         let mut t = json!({
             "taskId": sl.id.to_string(),
             "createdAt": iso(created),

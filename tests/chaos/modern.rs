@@ -113,6 +113,8 @@ struct Task {
     progress: u64,
     /// Last answer was `working` (to a poll sent then).
     last_working: Option<Instant>,
+    /// Latest `lastUpdatedAt` seen, Unix ms.
+    last_updated_ms: u64,
     /// Counted in `tasks_across_restart`.
     crossed: bool,
     /// Next poll.
@@ -567,6 +569,7 @@ impl Client {
             cancel_acked: None,
             progress: 0,
             last_working: None,
+            last_updated_ms: 0,
             crossed: false,
             next: recv + self.rng.ms(0, 600),
             rechecks: 0,
@@ -735,6 +738,18 @@ impl Client {
             sh.stats().tasks_across_restart += 1;
         }
         let status = r["status"].as_str().unwrap_or("");
+        let updated = r["lastUpdatedAt"].as_str().and_then(parse_iso_ms);
+        // A task the running proxy finished keeps a `lastUpdatedAt` no earlier than any update a
+        // poll showed. (One that recovery failed after a kill has its end time in whole seconds.)
+        if matches!(status, "completed" | "cancelled")
+            && updated.is_some_and(|u| u < t.last_updated_ms)
+        {
+            wrong(format!(
+                "lastUpdatedAt went back from {} ms to {updated:?}",
+                t.last_updated_ms
+            ));
+        }
+        t.last_updated_ms = t.last_updated_ms.max(updated.unwrap_or(0));
         let terminal = match status {
             "working" => {
                 if let Some(was) = t.terminal {
