@@ -10,35 +10,12 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::*;
 
 const V: &str = "2026-07-28";
-
-fn fastmcp_modern() -> Upstream {
-    let py = require_peers();
-    for _ in 0..20 {
-        let port = port();
-        let mut c = Command::new(&py);
-        c.arg(peers_dir().join("fastmcp_legacy_server.py"))
-            .arg(port.to_string())
-            .arg("--modern-tools");
-        let proc = Proc::spawn("FastMCP upstream (modern tools)", c);
-        if let Some(l) = proc.line(WAIT) {
-            if l.contains("\"ready\"") {
-                return Upstream {
-                    kind: Kind::FastMcp,
-                    port,
-                    proc,
-                };
-            }
-        }
-    }
-    panic!("FastMCP upstream did not start — run scripts/install-peers");
-}
 
 fn envelope(extra: Value) -> Value {
     let mut m = json!({

@@ -48,29 +48,6 @@ fn modern_node_dir() -> std::path::PathBuf {
     d
 }
 
-/// FastMCP with the tools the modern tests need (`ask`, `sample`, `change`, `slow`).
-fn fastmcp_modern() -> Upstream {
-    let py = require_peers();
-    for _ in 0..20 {
-        let port = port();
-        let mut c = Command::new(&py);
-        c.arg(peers_dir().join("fastmcp_legacy_server.py"))
-            .arg(port.to_string())
-            .arg("--modern-tools");
-        let proc = Proc::spawn("FastMCP upstream (modern tools)", c);
-        if let Some(l) = proc.line(WAIT) {
-            if l.contains("\"ready\"") {
-                return Upstream {
-                    kind: Kind::FastMcp,
-                    port,
-                    proc,
-                };
-            }
-        }
-    }
-    panic!("FastMCP upstream did not start — run scripts/install-peers");
-}
-
 async fn upstream(kind: Kind) -> Upstream {
     match kind {
         Kind::FastMcp => tokio::task::spawn_blocking(fastmcp_modern).await.unwrap(),

@@ -55,28 +55,6 @@ async fn client(url: &str, args: Vec<String>, auth: &str) -> Value {
     .unwrap()
 }
 
-fn fastmcp_modern() -> Upstream {
-    let py = require_peers();
-    for _ in 0..20 {
-        let port = port();
-        let mut c = Command::new(&py);
-        c.arg(peers_dir().join("fastmcp_legacy_server.py"))
-            .arg(port.to_string())
-            .arg("--modern-tools");
-        let proc = Proc::spawn("FastMCP upstream (modern tools)", c);
-        if let Some(l) = proc.line(WAIT) {
-            if l.contains("\"ready\"") {
-                return Upstream {
-                    kind: Kind::FastMcp,
-                    port,
-                    proc,
-                };
-            }
-        }
-    }
-    panic!("FastMCP upstream did not start — run scripts/install-peers");
-}
-
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }

@@ -241,10 +241,15 @@ impl Upstream {
 
     /// Starts `kind` on a free port below 32768 and waits (blocking) for its ready line.
     pub fn start(kind: Kind) -> Upstream {
+        Upstream::start_with(kind, &[])
+    }
+
+    /// [`Upstream::start`] with extra arguments after the port (e.g. FastMCP's `--modern-tools`).
+    pub fn start_with(kind: Kind, extra: &[&str]) -> Upstream {
         let py = require_peers();
         for _ in 0..20 {
             let port = port();
-            let cmd = match kind {
+            let mut cmd = match kind {
                 Kind::FastMcp => {
                     let mut c = Command::new(&py);
                     c.arg(peers_dir().join("fastmcp_legacy_server.py"))
@@ -257,7 +262,8 @@ impl Upstream {
                     c
                 }
             };
-            let proc = Proc::spawn(&format!("{kind:?} upstream"), cmd);
+            cmd.args(extra);
+            let proc = Proc::spawn(&format!("{kind:?} upstream {extra:?}"), cmd);
             match proc.line(WAIT) {
                 Some(l) if l.contains("\"ready\"") => return Upstream { kind, port, proc },
                 _ => continue, // port taken after all: try another
@@ -277,6 +283,12 @@ impl Upstream {
 /// The Python SDK's FastMCP legacy SSE server (tools tick, echo, burst).
 pub async fn fastmcp() -> Upstream {
     Upstream::start_async(Kind::FastMcp).await
+}
+
+/// FastMCP with the tools the 2026-07-28 tests need (`ask`, `sample`, `change`, `slow`), started
+/// blocking (run it on a blocking thread from async tests).
+pub fn fastmcp_modern() -> Upstream {
+    Upstream::start_with(Kind::FastMcp, &["--modern-tools"])
 }
 
 /// `@modelcontextprotocol/server-everything` in `sse` mode.
