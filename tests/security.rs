@@ -716,18 +716,7 @@ async fn require_identity_answers_401_without_one() {
         "identity_required",
     )
     .await;
-    let init = init_body(V_NEW, "anonymous");
-    let r = t
-        .send(
-            "POST",
-            "/mcp",
-            &[
-                ("accept", "application/json, text/event-stream"),
-                ("content-type", "application/json"),
-            ],
-            Some(&init),
-        )
-        .await;
+    let r = mcp_initialize(&t, V_NEW, "anonymous", &[]).await;
     refused(r, 401, "identity_required").await;
     assert_eq!(proxy.metric(started).await, 0.0);
 
@@ -1087,17 +1076,7 @@ async fn endpoint_naming_another_origin_fails_the_session() {
         .send("GET", "/sse", &[("accept", "text/event-stream")], None)
         .await;
     answers += &refused(r, 502, "upstream_error").await.to_string();
-    let r = t
-        .send(
-            "POST",
-            "/mcp",
-            &[
-                ("accept", "application/json, text/event-stream"),
-                ("content-type", "application/json"),
-            ],
-            Some(&init_body(V_NEW, "x")),
-        )
-        .await;
+    let r = mcp_initialize(&t, V_NEW, "x", &[]).await;
     answers += &refused(r, 502, "upstream_error").await.to_string();
     assert_eq!(metric_at(admin, rejected).await, 2.0);
     // Other spellings of a foreign origin.

@@ -407,17 +407,7 @@ async fn an_https_upstream_is_verified_with_upstream_ca_file() {
     })
     .await;
     let t = Target::plain(proxy.addr());
-    let r = t
-        .send(
-            "POST",
-            "/mcp",
-            &[
-                ("accept", "application/json, text/event-stream"),
-                ("content-type", "application/json"),
-            ],
-            Some(&init_body(V_NEW, "x")),
-        )
-        .await;
+    let r = mcp_initialize(&t, V_NEW, "x", &[]).await;
     refused(r, 502, "upstream_error").await;
     let r = t
         .send("GET", "/sse", &[("accept", "text/event-stream")], None)

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Request};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -296,20 +296,7 @@ fn refusal_resp(id: &Value, r: Refusal) -> Resp {
 /// An SSE response whose events come from `rx` (no event ids, no retry).
 fn sse(rx: mpsc::Receiver<Bytes>, metrics: &Metrics) -> Resp {
     let gauge = metrics.client_streams(Facade::Streamable);
-    let body = SseBody::from_channel(rx, gauge);
-    let mut r = Response::new(Either::Right(body));
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache, no-transform"),
-    );
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    *r.status_mut() = StatusCode::OK;
-    r
+    crate::facade::sse_response(SseBody::from_channel(rx, gauge), None)
 }
 
 const KEEPALIVE: &[u8] = b": keepalive\n\n";

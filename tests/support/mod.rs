@@ -842,6 +842,41 @@ pub async fn legacy_session(base: &str) -> (Sse, String, String) {
 /// One relayed connection: its task and the bytes its client sent.
 type RelayConn = (tokio::task::AbortHandle, Arc<Mutex<Vec<u8>>>);
 
+/// Copies client → server (recording those bytes in `tap`) and server → client until both
+/// directions end, shutting each write side down when its read side ends.
+pub async fn pump_tapped<CR, CW, SR, SW>(
+    mut cr: CR,
+    mut cw: CW,
+    mut sr: SR,
+    mut sw: SW,
+    tap: &Mutex<Vec<u8>>,
+) where
+    CR: tokio::io::AsyncRead + Unpin,
+    CW: tokio::io::AsyncWrite + Unpin,
+    SR: tokio::io::AsyncRead + Unpin,
+    SW: tokio::io::AsyncWrite + Unpin,
+{
+    let up = async {
+        let mut buf = vec![0u8; 16384];
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            tap.lock().unwrap().extend_from_slice(&buf[..n]);
+            if sw.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+        let _ = sw.shutdown().await;
+    };
+    let down = async {
+        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+        let _ = cw.shutdown().await;
+    };
+    tokio::join!(up, down);
+}
+
 /// Forwards connections to `target`; records the bytes each client sent; `sever` closes every
 /// connection open at that moment, both ways (the client sees its connection drop mid-response).
 pub struct Relay {
@@ -864,27 +899,9 @@ impl Relay {
                 let seen: Arc<Mutex<Vec<u8>>> = Arc::default();
                 let tap = seen.clone();
                 let task = tokio::spawn(async move {
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut sr, mut sw) = server.into_split();
-                    let up = async {
-                        let mut buf = vec![0u8; 16384];
-                        loop {
-                            let n = match cr.read(&mut buf).await {
-                                Ok(0) | Err(_) => break,
-                                Ok(n) => n,
-                            };
-                            tap.lock().unwrap().extend_from_slice(&buf[..n]);
-                            if sw.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                        }
-                        let _ = sw.shutdown().await;
-                    };
-                    let down = async {
-                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
-                        let _ = cw.shutdown().await;
-                    };
-                    tokio::join!(up, down);
+                    let (cr, cw) = client.into_split();
+                    let (sr, sw) = server.into_split();
+                    pump_tapped(cr, cw, sr, sw, &tap).await;
                 });
                 list.lock().unwrap().push((task.abort_handle(), seen));
             }

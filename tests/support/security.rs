@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 
-use super::{metric_value, port, wait_port, Ev, Proc, Resp, Sse, WAIT};
+use super::{metric_value, port, pump_tapped, wait_port, Ev, Proc, Resp, Sse, WAIT};
 
 // ---------------------------------------------------------------------------------------------
 // Requests over TCP or TLS
@@ -207,16 +207,20 @@ pub fn init_body(version: &str, name: &str) -> String {
     .to_string()
 }
 
-/// POST `initialize` (then `notifications/initialized`) carrying `who`; returns the session id.
-pub async fn mcp_init(t: &Target, version: &str, who: &[(&str, &str)]) -> String {
+/// POST `initialize` (client name `name`) to `/mcp` carrying `who`; the answer as it comes.
+pub async fn mcp_initialize(t: &Target, version: &str, name: &str, who: &[(&str, &str)]) -> Resp {
     let mut h = vec![
         ("accept", "application/json, text/event-stream"),
         ("content-type", "application/json"),
     ];
     h.extend_from_slice(who);
-    let r = t
-        .send("POST", "/mcp", &h, Some(&init_body(version, "raw")))
-        .await;
+    t.send("POST", "/mcp", &h, Some(&init_body(version, name)))
+        .await
+}
+
+/// POST `initialize` (then `notifications/initialized`) carrying `who`; returns the session id.
+pub async fn mcp_init(t: &Target, version: &str, who: &[(&str, &str)]) -> String {
+    let r = mcp_initialize(t, version, "raw", who).await;
     assert_eq!(r.status, 200, "initialize answered {}", r.status);
     let session = r.header("mcp-session-id").expect("Mcp-Session-Id");
     let evs = r.sse().rest().await;
@@ -388,28 +392,10 @@ impl HalfOpenRelay {
                     let mut client = client;
                     let mut server = server;
                     let how = {
-                        let (mut cr, mut cw) = client.split();
-                        let (mut sr, mut sw) = server.split();
-                        let up = async {
-                            let mut buf = vec![0u8; 16384];
-                            loop {
-                                let n = match cr.read(&mut buf).await {
-                                    Ok(0) | Err(_) => break,
-                                    Ok(n) => n,
-                                };
-                                tap.lock().unwrap().extend_from_slice(&buf[..n]);
-                                if sw.write_all(&buf[..n]).await.is_err() {
-                                    break;
-                                }
-                            }
-                            let _ = sw.shutdown().await;
-                        };
-                        let down = async {
-                            let _ = tokio::io::copy(&mut sr, &mut cw).await;
-                            let _ = cw.shutdown().await;
-                        };
+                        let (cr, cw) = client.split();
+                        let (sr, sw) = server.split();
                         tokio::select! {
-                            _ = async { tokio::join!(up, down) } => Cmd::Run,
+                            _ = pump_tapped(cr, cw, sr, sw, &tap) => Cmd::Run,
                             c = async { let _ = rx.wait_for(|c| *c != Cmd::Run).await; *rx.borrow() } => c,
                         }
                     };
