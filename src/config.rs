@@ -161,6 +161,10 @@ pub struct LogConfig {
     /// Payload bytes retained by the whole process; ended sessions are evicted first, then new
     /// sessions are refused with 503.
     pub max_total_bytes: u64,
+    /// Seconds the log may stay degraded (out of space, writes refused) before the process exits
+    /// with 74 so the orchestrator restarts it; while degraded it reclaims dead segments and
+    /// turns ready again, with no restart, once writes fit.
+    pub store_error_exit_secs: u64,
 }
 
 /// `[sessions]`: lifetimes and limits.
@@ -250,6 +254,7 @@ impl Default for LogConfig {
             max_events_per_session: 10_000,
             max_bytes_per_session: 64 * 1024 * 1024,
             max_total_bytes: 1024 * 1024 * 1024,
+            store_error_exit_secs: 60,
         }
     }
 }
@@ -540,6 +545,14 @@ impl Config {
         if self.upstream.max_event_bytes < 1024 {
             return Err(bad("upstream.max_event_bytes", "must be at least 1024"));
         }
+        // A record is read back only up to the log's record bound: a larger event could be
+        // written but never read (found by review).
+        if self.upstream.max_event_bytes > crate::log::MAX_EVENT_BYTES {
+            return Err(bad(
+                "upstream.max_event_bytes",
+                "must be at most 255 MiB (the log's record bound)",
+            ));
+        }
         path("legacy.sse_path", &self.legacy.sse_path)?;
         path("legacy.message_path", &self.legacy.message_path)?;
         path("streamable.path", &self.streamable.path)?;
@@ -585,6 +598,13 @@ impl Config {
             self.log.max_events_per_session,
         )?;
         positive("log.max_bytes_per_session", self.log.max_bytes_per_session)?;
+        positive("log.store_error_exit_secs", self.log.store_error_exit_secs)?;
+        if self.log.store_error_exit_secs > MAX_TIMEOUT_SECS {
+            return Err(bad(
+                "log.store_error_exit_secs",
+                format!("must be at most {MAX_TIMEOUT_SECS}"),
+            ));
+        }
         if self.log.max_total_bytes < self.log.max_bytes_per_session {
             return Err(bad(
                 "log.max_total_bytes",

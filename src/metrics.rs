@@ -64,6 +64,9 @@ pub struct Metrics {
     pub log_disk_bytes: IntGauge,
     /// `mcp_resume_store_errors_total`: writes, syncs or file operations of the log that failed.
     pub store_errors: IntCounter,
+    /// `mcp_resume_store_damage_total`: records of the log found damaged (a checksum that fails
+    /// inside what was synced); the sessions they belong to are sealed before them.
+    pub store_damage: IntCounter,
     /// `mcp_resume_sessions_active`.
     pub sessions_active: IntGauge,
     sessions_started: IntCounterVec,
@@ -152,6 +155,11 @@ impl Metrics {
             store_errors: IntCounter::new(
                 "mcp_resume_store_errors_total",
                 "Failed writes, syncs or file operations of the log (each also logged at error level).",
+            )
+            .unwrap(),
+            store_damage: IntCounter::new(
+                "mcp_resume_store_damage_total",
+                "Damaged log records (checksum failures inside synced data); their sessions are sealed before them (each also logged at error level).",
             )
             .unwrap(),
             sessions_active: IntGauge::new(
@@ -246,6 +254,7 @@ impl Metrics {
         r.register(Box::new(m.log_max_bytes.clone())).unwrap();
         r.register(Box::new(m.log_disk_bytes.clone())).unwrap();
         r.register(Box::new(m.store_errors.clone())).unwrap();
+        r.register(Box::new(m.store_damage.clone())).unwrap();
         r.register(Box::new(m.sessions_active.clone())).unwrap();
         r.register(Box::new(m.sessions_started.clone())).unwrap();
         r.register(Box::new(m.sessions_ended.clone())).unwrap();
@@ -378,6 +387,7 @@ mod tests {
             "mcp_resume_upstream_errors_total",
             "mcp_resume_client_streams_active",
             "mcp_resume_store_errors_total",
+            "mcp_resume_store_damage_total",
             "mcp_resume_log_disk_bytes",
             "mcp_resume_auth_rejected_total",
             "mcp_resume_requests_rejected_total",

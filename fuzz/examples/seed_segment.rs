@@ -24,6 +24,7 @@ async fn main() {
         max_events_per_session: 6,
         max_bytes_per_session: 1 << 20,
         max_total_bytes: 1 << 30,
+        store_error_exit_secs: 60,
     };
     let (log, _, _) = Log::open(&cfg, Metrics::new()).await.expect("open log");
     let msg = |s: &str| NewEvent::new(StreamTag::LEGACY, Kind::Message, Bytes::from(s.to_owned()));

@@ -46,6 +46,10 @@ use cursor::{EpochRange, LogRanges, SessionId};
 use image::Image;
 use segment::{DirLock, Segment};
 
+/// Largest event payload the log takes: its record must stay within what a read accepts
+/// ([`record::MAX_RECORD`]), with room for the chunk's framing.
+pub const MAX_EVENT_BYTES: usize = record::MAX_RECORD - 1024 * 1024;
+
 /// Events kept in memory per session for live readers; older reads go to the segments.
 const WINDOW_EVENTS: usize = 128;
 /// Payload bytes kept in memory per session window.

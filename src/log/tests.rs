@@ -15,6 +15,7 @@ fn cfg(dir: &std::path::Path, durability: Durability) -> LogConfig {
         max_events_per_session: 1000,
         max_bytes_per_session: 1 << 20,
         max_total_bytes: 1 << 30,
+        store_error_exit_secs: 60,
     }
 }
 
