@@ -22,7 +22,7 @@ pub const DIR_MODE: u32 = 0o700;
 /// One segment file.
 pub trait SegFile: Send + Sync + Debug {
     /// Length of the file.
-    fn len(&self) -> io::Result<u64>;
+    fn size(&self) -> io::Result<u64>;
     /// Reads up to `buf.len()` bytes at `off`; returns how many (fewer only at the end).
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize>;
     /// Writes all of `buf` at `off` (on an error, perhaps a part of it).
@@ -83,7 +83,7 @@ impl OsDir {
 struct OsFile(File);
 
 impl SegFile for OsFile {
-    fn len(&self) -> io::Result<u64> {
+    fn size(&self) -> io::Result<u64> {
         Ok(self.0.metadata()?.len())
     }
 

@@ -176,8 +176,18 @@ pub struct SessionMeta {
     pub identity: Option<Identity>,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// The simulator's clock: persisted timestamps are part of what a seed must reproduce.
+    pub(crate) static FIXED_UNIX: std::cell::Cell<Option<u64>> = const { std::cell::Cell::new(None) };
+}
+
 /// Seconds since the Unix epoch (persisted timestamps).
 pub fn unix_now() -> u64 {
+    #[cfg(test)]
+    if let Some(t) = FIXED_UNIX.with(|c| c.get()) {
+        return t;
+    }
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -712,6 +722,8 @@ pub(crate) struct Store {
     seg_size: u64,
     /// Payload bytes one writer turn takes at most (but at least one op).
     turn_bytes: usize,
+    /// Bytes compaction reads per turn at least.
+    compact_slice: usize,
     metrics: Metrics,
     logs: Mutex<HashMap<SessionId, Arc<SessionLog>>>,
     /// Bytes of live records, all sessions (what `log.max_total_bytes` bounds).
@@ -753,6 +765,7 @@ impl Store {
             max_total: cfg.max_total_bytes,
             seg_size: segment_size(cfg.max_total_bytes),
             turn_bytes,
+            compact_slice: writer::COMPACT_SLICE,
             metrics,
             logs: Mutex::new(HashMap::new()),
             retained: AtomicU64::new(0),
@@ -842,6 +855,88 @@ impl std::fmt::Debug for Log {
     }
 }
 
+/// The log of a new session, not yet written (its create op writes its meta record).
+pub(crate) fn new_session_log(
+    store: &Store,
+    id: SessionId,
+    facade: Facade,
+    protocol_version: Option<String>,
+    identity: Option<Identity>,
+) -> Arc<SessionLog> {
+    let meta = SessionMeta {
+        facade,
+        ended: None,
+        created_unix: unix_now(),
+        ended_unix: None,
+        epochs: vec![EpochRange {
+            epoch: 1,
+            first: 1,
+            last: None,
+        }],
+        protocol_version,
+        identity,
+    };
+    let ranges = LogRanges {
+        epochs: meta.epochs.clone(),
+        oldest: 1,
+        head: 0,
+    };
+    Arc::new(SessionLog::new(id, store.keys.tag(&id.0), ranges, meta))
+}
+
+/// See [`Log::read_after`] (the simulator reads without a handle).
+pub(crate) fn read_after(sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
+    let (chunks, oldest): (Vec<Chunk>, u64) = {
+        let st = sl.lock();
+        let head = st.ranges.head;
+        if after >= head || max == 0 {
+            return Ok(Vec::new());
+        }
+        if let Some(front) = st.window.front() {
+            if front.seq <= after + 1 {
+                let skip = (after + 1 - front.seq) as usize;
+                return Ok(st.window.iter().skip(skip).take(max).cloned().collect());
+            }
+        }
+        let want = (after + 1).max(st.ranges.oldest);
+        let Some(i) = st.chunk_index(want) else {
+            return Ok(Vec::new());
+        };
+        // Enough chunks to cover `max` events (the chunks share nothing with the writer once
+        // cloned: a segment stays readable while a reader holds it).
+        let mut n = 0u64;
+        let chunks = st
+            .chunks
+            .iter()
+            .skip(i)
+            .take_while(|c| {
+                let take = n < max as u64;
+                n += c.end() - want.max(c.first);
+                take
+            })
+            .cloned()
+            .collect();
+        (chunks, st.ranges.oldest)
+    };
+    let head = sl.head();
+    let mut out = Vec::with_capacity(max.min(1024));
+    for c in chunks {
+        let evs = image::read_chunk_at(&c.seg, &c.entry())?;
+        for ev in evs {
+            // Retention is exact: events of a chunk before the oldest retained seq are not
+            // served, though they are still on disk.
+            if ev.seq <= after || ev.seq < oldest || ev.seq > head {
+                continue;
+            }
+            if out.len() >= max {
+                return Ok(out);
+            }
+            out.push(Arc::new(ev));
+        }
+    }
+    Ok(out)
+}
+
 /// Takes the directory lock, waiting a little for a previous holder that is still exiting (a
 /// replacement process may start while the old one lets go).
 async fn take_lock(dir: &std::path::Path) -> std::result::Result<DirLock, StoreError> {
@@ -886,14 +981,7 @@ impl Log {
         }
         let (failures_tx, failures_rx) = mpsc::unbounded_channel();
         let fs: Arc<dyn io::Dir> = Arc::new(io::OsDir::new(&dir));
-        let store = Arc::new(Store::new(
-            cfg,
-            metrics,
-            fs,
-            keys,
-            Some(lock),
-            failures_tx,
-        ));
+        let store = Arc::new(Store::new(cfg, metrics, fs, keys, Some(lock), failures_tx));
         store.metrics.store_damage.inc_by(img.damaged);
         let (rec, interrupted, state) = writer::recover(&store, img)?;
         let (tx, rx) = mpsc::channel(4096);
@@ -969,30 +1057,7 @@ impl Log {
         protocol_version: Option<String>,
         identity: Option<Identity>,
     ) -> Result<Arc<SessionLog>> {
-        let meta = SessionMeta {
-            facade,
-            ended: None,
-            created_unix: unix_now(),
-            ended_unix: None,
-            epochs: vec![EpochRange {
-                epoch: 1,
-                first: 1,
-                last: None,
-            }],
-            protocol_version,
-            identity,
-        };
-        let ranges = LogRanges {
-            epochs: meta.epochs.clone(),
-            oldest: 1,
-            head: 0,
-        };
-        let sl = Arc::new(SessionLog::new(
-            id,
-            self.store.keys.tag(&id.0),
-            ranges,
-            meta,
-        ));
+        let sl = new_session_log(&self.store, id, facade, protocol_version, identity);
         let (done, rx) = oneshot::channel();
         self.send(Op::Create {
             log: sl.clone(),
@@ -1148,55 +1213,7 @@ impl Log {
     /// # Errors
     /// [`Error::Store`] when a segment cannot be read or holds something else than expected.
     pub fn read_after(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
-        let (chunks, oldest): (Vec<Chunk>, u64) = {
-            let st = sl.lock();
-            let head = st.ranges.head;
-            if after >= head || max == 0 {
-                return Ok(Vec::new());
-            }
-            if let Some(front) = st.window.front() {
-                if front.seq <= after + 1 {
-                    let skip = (after + 1 - front.seq) as usize;
-                    return Ok(st.window.iter().skip(skip).take(max).cloned().collect());
-                }
-            }
-            let want = (after + 1).max(st.ranges.oldest);
-            let Some(i) = st.chunk_index(want) else {
-                return Ok(Vec::new());
-            };
-            // Enough chunks to cover `max` events (the chunks share nothing with the writer once
-            // cloned: a segment stays readable while a reader holds it).
-            let mut n = 0u64;
-            let chunks = st
-                .chunks
-                .iter()
-                .skip(i)
-                .take_while(|c| {
-                    let take = n < max as u64;
-                    n += c.end() - want.max(c.first);
-                    take
-                })
-                .cloned()
-                .collect();
-            (chunks, st.ranges.oldest)
-        };
-        let head = sl.head();
-        let mut out = Vec::with_capacity(max.min(1024));
-        for c in chunks {
-            let evs = image::read_chunk_at(&c.seg, &c.entry())?;
-            for ev in evs {
-                // Retention is exact: events of a chunk before the oldest retained seq are not
-                // served, though they are still on disk.
-                if ev.seq <= after || ev.seq < oldest || ev.seq > head {
-                    continue;
-                }
-                if out.len() >= max {
-                    return Ok(out);
-                }
-                out.push(Arc::new(ev));
-            }
-        }
-        Ok(out)
+        read_after(sl, after, max)
     }
 
     /// The event at `seq`, if retained.

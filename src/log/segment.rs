@@ -94,7 +94,7 @@ impl Segment {
     /// # Errors
     /// `fstat` failed.
     pub fn file_len(&self) -> Result<u64, StoreError> {
-        self.file.len().map_err(io_err("stat segment"))
+        self.file.size().map_err(io_err("stat segment"))
     }
 
     /// Reads exactly `buf.len()` bytes at `offset`.

@@ -1,1 +1,1776 @@
-//! placeholder
+//! The log's deterministic fault simulator (design.md §10b "Proof by simulation"), in the spirit of
+//! TigerBeetle's and FoundationDB's: the writer and recovery run over [`SimFs`], a seeded in-memory
+//! file system behind the log's file interface ([`super::io`]), which
+//!
+//! - keeps what was written apart from what was synced, and on a power loss keeps none, a prefix
+//!   (the last write torn at a 512-byte sector), or any subset of the sectors written since the
+//!   last sync — and a prefix of the directory operations since the last directory sync;
+//! - fails any call (write, sync, truncate, create, remove, directory sync) with EIO or ENOSPC,
+//!   writes only part of a failed write, and fills up (a capacity in bytes);
+//! - flips bits in synced data at rest.
+//!
+//! A workload of sessions, appends, in-flight requests and their answers, ends (a task's final
+//! answer is one), removes, room-making, flushes, clean stops, kills and power losses — crashes
+//! during recovery and its first turns too — drives the writer turn by turn on one thread, so a
+//! seed reproduces its run exactly. Clients read every event the log publishes. The oracle checks
+//! after every turn and every recovery:
+//!
+//! - **no id reused**: an event id, once read, never names other bytes (all runs, all crashes);
+//! - **nothing acknowledged lost** (`fsync`, no damage injected): a client's cursor still resumes,
+//!   every event it read is still there, byte for byte, or legitimately trimmed;
+//! - **every loss refused**: a cursor whose event is gone gets a refusal, never a 200 from a
+//!   different place; every in-flight request is answered or handed back to be answered; a
+//!   published end (and the answers in it) survives in both modes;
+//! - **the disk bound**: the segment files stay within [`Store::disk_bound`] while healthy;
+//! - **no spin**: a writer with work of its own always makes progress.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, oneshot};
+
+use super::cursor::{check_resume, Cursor, Refusal, SessionId};
+use super::image::Image;
+use super::io::{Dir, SegFile};
+use super::writer::{self, Writer};
+use super::{
+    read_after, Health, Interrupted, Kind, NewEvent, Op, SessionLog, Store, StreamTag, FIXED_UNIX,
+};
+use crate::config::{Durability, LogConfig};
+use crate::domain::{EndReason, Facade};
+use crate::identity::Keyring;
+use crate::metrics::Metrics;
+
+// === rng ===
+
+/// SplitMix64: small, seedable, good enough to pick faults.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    /// True with probability `ppm` per million.
+    pub fn ppm(&mut self, ppm: u64) -> bool {
+        self.below(1_000_000) < ppm
+    }
+
+    pub fn chance(&mut self, num: u64, den: u64) -> bool {
+        self.below(den) < num
+    }
+}
+
+// === the file system ===
+
+const SECTOR: usize = 512;
+
+/// A write or cut not yet synced.
+#[derive(Clone, Debug)]
+enum Pend {
+    Write(u64, Vec<u8>),
+    Truncate(u64),
+}
+
+#[derive(Debug, Default)]
+struct FileState {
+    /// What reads see (the page cache).
+    data: Vec<u8>,
+    /// What a power loss keeps for sure.
+    durable: Vec<u8>,
+    /// Applied to `data`, not yet to `durable`.
+    pending: Vec<Pend>,
+}
+
+fn apply(buf: &mut Vec<u8>, p: &Pend) {
+    match p {
+        Pend::Write(off, bytes) => {
+            let end = *off as usize + bytes.len();
+            if buf.len() < end {
+                buf.resize(end, 0);
+            }
+            buf[*off as usize..end].copy_from_slice(bytes);
+        }
+        Pend::Truncate(len) => buf.resize(*len as usize, 0),
+    }
+}
+
+/// A directory operation not yet synced.
+#[derive(Clone, Debug)]
+enum DirOp {
+    Create(String, Arc<Mutex<FileState>>),
+    Remove(String),
+}
+
+/// The knobs of the faults.
+#[derive(Clone, Debug, Default)]
+pub struct Faults {
+    /// Chance per million that a call fails.
+    pub fail_ppm: u64,
+    /// Bytes the files may take (`None`: no bound).
+    pub capacity: Option<u64>,
+    /// Chance per million that a sync says it synced and did not (a disk that lies about its
+    /// cache, as consumer disks without power-loss protection do).
+    pub lie_ppm: u64,
+}
+
+#[derive(Debug)]
+struct FsState {
+    files: BTreeMap<String, Arc<Mutex<FileState>>>,
+    durable_names: BTreeMap<String, Arc<Mutex<FileState>>>,
+    dir_pending: Vec<DirOp>,
+    rng: Rng,
+    faults: Faults,
+    /// Calls failed, by the simulator's choice.
+    injected: u64,
+    /// Syncs that lied.
+    lies: u64,
+}
+
+impl FsState {
+    fn used(&self) -> u64 {
+        self.files
+            .values()
+            .map(|f| f.lock().unwrap().data.len() as u64)
+            .sum()
+    }
+
+    /// Fails the call now? (EIO, or ENOSPC where `space` is true and the dice say so.)
+    fn fail(&mut self, space: bool) -> Option<io::Error> {
+        if !self.rng.ppm(self.faults.fail_ppm) {
+            return None;
+        }
+        self.injected += 1;
+        Some(if space && self.rng.chance(1, 2) {
+            io::Error::from_raw_os_error(28)
+        } else {
+            io::Error::from_raw_os_error(5)
+        })
+    }
+}
+
+/// The simulated data directory. Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct SimFs {
+    st: Arc<Mutex<FsState>>,
+    path: PathBuf,
+}
+
+#[derive(Debug)]
+struct SimFile {
+    fs: Arc<Mutex<FsState>>,
+    file: Arc<Mutex<FileState>>,
+}
+
+impl SimFs {
+    pub fn new(seed: u64) -> Self {
+        SimFs {
+            st: Arc::new(Mutex::new(FsState {
+                files: BTreeMap::new(),
+                durable_names: BTreeMap::new(),
+                dir_pending: Vec::new(),
+                rng: Rng::new(seed ^ 0x5eed_f11e),
+                faults: Faults::default(),
+                injected: 0,
+                lies: 0,
+            })),
+            path: PathBuf::from("/sim"),
+        }
+    }
+
+    pub fn set_faults(&self, f: Faults) {
+        self.st.lock().unwrap().faults = f;
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.st.lock().unwrap().faults.clone()
+    }
+
+    pub fn injected(&self) -> u64 {
+        self.st.lock().unwrap().injected
+    }
+
+    pub fn lies(&self) -> u64 {
+        self.st.lock().unwrap().lies
+    }
+
+    /// Bytes of the segment files (what `du` would see of them).
+    pub fn segment_bytes(&self) -> u64 {
+        let st = self.st.lock().unwrap();
+        st.files
+            .iter()
+            .filter(|(n, _)| n.ends_with(".seg"))
+            .map(|(_, f)| f.lock().unwrap().data.len() as u64)
+            .sum()
+    }
+
+    pub fn used(&self) -> u64 {
+        self.st.lock().unwrap().used()
+    }
+
+    /// A power loss: the directory keeps a prefix of its unsynced operations; each file keeps
+    /// what was synced and, by the dice, none, a torn prefix, or any sectors of what was not.
+    pub fn power_loss(&self) {
+        let mut st = self.st.lock().unwrap();
+        let n_dir = st.dir_pending.len() as u64;
+        let keep_dir = st.rng.below(n_dir + 1) as usize;
+        let ops: Vec<DirOp> = st.dir_pending.drain(..).collect();
+        for op in &ops[..keep_dir] {
+            match op {
+                DirOp::Create(n, f) => {
+                    st.durable_names.insert(n.clone(), f.clone());
+                }
+                DirOp::Remove(n) => {
+                    st.durable_names.remove(n);
+                }
+            }
+        }
+        let names = st.durable_names.clone();
+        for f in names.values() {
+            let mut f = f.lock().unwrap();
+            let mut out = f.durable.clone();
+            let pending = std::mem::take(&mut f.pending);
+            match st.rng.below(3) {
+                0 => {}
+                1 => {
+                    let n = st.rng.below(pending.len() as u64 + 1) as usize;
+                    for (i, p) in pending.iter().take(n).enumerate() {
+                        match p {
+                            Pend::Write(off, bytes) if i + 1 == n && !bytes.is_empty() => {
+                                // The last write kept is torn at a sector boundary.
+                                let sectors = bytes.len().div_ceil(SECTOR) as u64;
+                                let keep = st.rng.below(sectors + 1) as usize * SECTOR;
+                                let keep = keep.min(bytes.len());
+                                apply(&mut out, &Pend::Write(*off, bytes[..keep].to_vec()));
+                            }
+                            p => apply(&mut out, p),
+                        }
+                    }
+                }
+                _ => {
+                    for p in &pending {
+                        match p {
+                            Pend::Write(off, bytes) => {
+                                for (k, sector) in bytes.chunks(SECTOR).enumerate() {
+                                    if st.rng.chance(1, 2) {
+                                        let at = *off + (k * SECTOR) as u64;
+                                        apply(&mut out, &Pend::Write(at, sector.to_vec()));
+                                    }
+                                }
+                            }
+                            t => {
+                                if st.rng.chance(1, 2) {
+                                    apply(&mut out, t);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            f.data = out.clone();
+            f.durable = out;
+        }
+        st.files = names;
+    }
+
+    /// Flips one bit in the synced part of a segment file; returns which sessions it may cost
+    /// (`None`: any of them), or nothing when there was nothing to flip.
+    pub fn flip_synced_bit(&self) -> Option<Option<SessionId>> {
+        let mut st = self.st.lock().unwrap();
+        let segs: Vec<(String, Arc<Mutex<FileState>>)> = st
+            .files
+            .iter()
+            .filter(|(n, f)| n.ends_with(".seg") && f.lock().unwrap().durable.len() > 16)
+            .map(|(n, f)| (n.clone(), f.clone()))
+            .collect();
+        let newest = st
+            .files
+            .keys()
+            .filter(|n| n.ends_with(".seg"))
+            .max()
+            .cloned();
+        if segs.is_empty() {
+            return None;
+        }
+        let (name, f) = &segs[st.rng.below(segs.len() as u64) as usize];
+        let mut f = f.lock().unwrap();
+        // Past the header: a header flip is damage of another kind (tested on its own).
+        let at = 16 + st.rng.below((f.durable.len() - 16) as u64) as usize;
+        let hit = hit_by(&f.durable, at, newest.as_deref() == Some(name.as_str()));
+        let bit = 1u8 << st.rng.below(8);
+        f.durable[at] ^= bit;
+        if at < f.data.len() {
+            f.data[at] ^= bit;
+        }
+        Some(hit)
+    }
+}
+
+/// Whose record byte `at` of a segment is in: its session, or `None` when a flip there may cost
+/// any session (a mark, an open record, bytes no record covers, or the newest segment's tail
+/// past what its marks say was synced — damage there cannot be told from a torn write).
+fn hit_by(seg: &[u8], at: usize, newest: bool) -> Option<SessionId> {
+    use super::record::{self, Type};
+    let mut pos = record::SEGMENT_HEADER;
+    let mut claim = record::SEGMENT_HEADER;
+    let mut found = None;
+    while pos < seg.len() {
+        let Ok((ty, body, len)) = record::read_frame(&seg[pos..]) else {
+            break;
+        };
+        if ty == Type::Mark {
+            if let Some((_, c)) = record::parse_mark(body) {
+                claim = claim.max((c as usize).min(pos));
+            }
+        }
+        if (pos..pos + len).contains(&at) {
+            found = Some((pos, ty, record::session_of(body)));
+        }
+        pos += len;
+    }
+    let (pos, ty, session) = found?;
+    if newest && pos >= claim {
+        return None;
+    }
+    match ty {
+        Type::Mark | Type::Open | Type::Clean => None,
+        _ => session,
+    }
+}
+
+impl SegFile for SimFile {
+    fn size(&self) -> io::Result<u64> {
+        Ok(self.file.lock().unwrap().data.len() as u64)
+    }
+
+    fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize> {
+        let f = self.file.lock().unwrap();
+        let off = off as usize;
+        if off >= f.data.len() {
+            return Ok(0);
+        }
+        let n = buf.len().min(f.data.len() - off);
+        buf[..n].copy_from_slice(&f.data[off..off + n]);
+        Ok(n)
+    }
+
+    fn write_all_at(&self, buf: &[u8], off: u64) -> io::Result<()> {
+        let mut st = self.fs.lock().unwrap();
+        let used = st.used();
+        let mut f = self.file.lock().unwrap();
+        let grows = (off as usize + buf.len()).saturating_sub(f.data.len()) as u64;
+        let room = st.faults.capacity.map(|c| c.saturating_sub(used));
+        let (n, err) = if room.is_some_and(|r| grows > r) {
+            let fit = (f.data.len().saturating_sub(off as usize)) as u64 + room.unwrap_or(0);
+            (
+                (fit as usize).min(buf.len()),
+                Some(io::Error::from_raw_os_error(28)),
+            )
+        } else if let Some(e) = st.fail(true) {
+            (st.rng.below(buf.len() as u64 + 1) as usize, Some(e))
+        } else {
+            (buf.len(), None)
+        };
+        let p = Pend::Write(off, buf[..n].to_vec());
+        apply(&mut f.data, &p);
+        f.pending.push(p);
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let mut st = self.fs.lock().unwrap();
+        let mut f = self.file.lock().unwrap();
+        if let Some(e) = st.fail(true) {
+            // fsyncgate: what was pending may or may not be on disk; a later sync will not
+            // write it again. Model: some of it went, the rest is lost at the next power loss
+            // unless it happens to be written again.
+            let pending = std::mem::take(&mut f.pending);
+            let n = st.rng.below(pending.len() as u64 + 1) as usize;
+            let mut durable = std::mem::take(&mut f.durable);
+            for p in &pending[..n] {
+                apply(&mut durable, p);
+            }
+            f.durable = durable;
+            return Err(e);
+        }
+        let lie = st.faults.lie_ppm;
+        if st.rng.ppm(lie) {
+            st.lies += 1;
+            return Ok(());
+        }
+        let pending = std::mem::take(&mut f.pending);
+        let mut durable = std::mem::take(&mut f.durable);
+        for p in &pending {
+            apply(&mut durable, p);
+        }
+        f.durable = durable;
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        let mut st = self.fs.lock().unwrap();
+        if let Some(e) = st.fail(false) {
+            return Err(e);
+        }
+        let mut f = self.file.lock().unwrap();
+        let p = Pend::Truncate(len);
+        apply(&mut f.data, &p);
+        f.pending.push(p);
+        Ok(())
+    }
+}
+
+impl Dir for SimFs {
+    fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn list(&self) -> io::Result<Vec<String>> {
+        Ok(self.st.lock().unwrap().files.keys().cloned().collect())
+    }
+
+    fn open(&self, name: &str, _write: bool) -> io::Result<Arc<dyn SegFile>> {
+        let st = self.st.lock().unwrap();
+        let file = st
+            .files
+            .get(name)
+            .cloned()
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))?;
+        Ok(Arc::new(SimFile {
+            fs: self.st.clone(),
+            file,
+        }))
+    }
+
+    fn create(&self, name: &str) -> io::Result<Arc<dyn SegFile>> {
+        let mut st = self.st.lock().unwrap();
+        if st.files.contains_key(name) {
+            return Err(io::Error::from(io::ErrorKind::AlreadyExists));
+        }
+        if let Some(e) = st.fail(true) {
+            return Err(e);
+        }
+        let file = Arc::new(Mutex::new(FileState::default()));
+        st.files.insert(name.to_string(), file.clone());
+        st.dir_pending
+            .push(DirOp::Create(name.to_string(), file.clone()));
+        Ok(Arc::new(SimFile {
+            fs: self.st.clone(),
+            file,
+        }))
+    }
+
+    fn remove(&self, name: &str) -> io::Result<()> {
+        let mut st = self.st.lock().unwrap();
+        if !st.files.contains_key(name) {
+            return Err(io::Error::from(io::ErrorKind::NotFound));
+        }
+        if let Some(e) = st.fail(false) {
+            return Err(e);
+        }
+        st.files.remove(name);
+        st.dir_pending.push(DirOp::Remove(name.to_string()));
+        Ok(())
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        let mut st = self.st.lock().unwrap();
+        if let Some(e) = st.fail(false) {
+            return Err(e);
+        }
+        for op in std::mem::take(&mut st.dir_pending) {
+            match op {
+                DirOp::Create(n, f) => {
+                    st.durable_names.insert(n, f);
+                }
+                DirOp::Remove(n) => {
+                    st.durable_names.remove(&n);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// === the workload and the oracle ===
+
+/// How much to simulate.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    /// Seeds to run (from `first_seed`).
+    pub seeds: u64,
+    pub first_seed: u64,
+    /// Workload steps per seed.
+    pub steps: u64,
+}
+
+/// What one run (or many) did and found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub seeds: u64,
+    pub steps: u64,
+    pub turns: u64,
+    pub events_read: u64,
+    pub power_losses: u64,
+    pub kills: u64,
+    pub clean_stops: u64,
+    pub recovery_crashes: u64,
+    pub bit_flips: u64,
+    pub damage_found: u64,
+    pub injected_faults: u64,
+    pub degraded: u64,
+    pub healed: u64,
+    pub failed: u64,
+    pub refused_cursors: u64,
+    pub trimmed_cursors: u64,
+    pub sessions: u64,
+    /// Violations (each a sentence with its seed and step).
+    pub violations: Vec<String>,
+}
+
+impl Report {
+    fn add(&mut self, o: &Report) {
+        self.seeds += o.seeds;
+        self.steps += o.steps;
+        self.turns += o.turns;
+        self.events_read += o.events_read;
+        self.power_losses += o.power_losses;
+        self.kills += o.kills;
+        self.clean_stops += o.clean_stops;
+        self.recovery_crashes += o.recovery_crashes;
+        self.bit_flips += o.bit_flips;
+        self.damage_found += o.damage_found;
+        self.injected_faults += o.injected_faults;
+        self.degraded += o.degraded;
+        self.healed += o.healed;
+        self.failed += o.failed;
+        self.refused_cursors += o.refused_cursors;
+        self.trimmed_cursors += o.trimmed_cursors;
+        self.sessions += o.sessions;
+        self.violations.extend(o.violations.iter().cloned());
+    }
+
+    /// The one-line summary (README, docs/crash.md).
+    pub fn line(&self, profile: &str, first_seed: u64) -> String {
+        format!(
+            "sim: profile={profile} seeds={} steps={} turns={} events_read={} power_losses={} kills={} clean_stops={} recovery_crashes={} bit_flips={} damage_found={} injected_faults={} degraded={} healed={} failed={} refused_cursors={} trimmed_cursors={} sessions={} violations={} first_seed={first_seed}",
+            self.seeds,
+            self.steps,
+            self.turns,
+            self.events_read,
+            self.power_losses,
+            self.kills,
+            self.clean_stops,
+            self.recovery_crashes,
+            self.bit_flips,
+            self.damage_found,
+            self.injected_faults,
+            self.degraded,
+            self.healed,
+            self.failed,
+            self.refused_cursors,
+            self.trimmed_cursors,
+            self.sessions,
+            self.violations.len()
+        )
+    }
+}
+
+/// A request the workload sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Req {
+    /// In-flight record queued, not acknowledged.
+    Registering,
+    /// Durably in flight (acknowledged): it must be answered, now or after a restart.
+    InFlight,
+    /// Its answer is queued.
+    Answering,
+}
+
+/// The workload's and the client's view of one session.
+#[derive(Debug, Default)]
+struct SimSession {
+    log: Option<Arc<SessionLog>>,
+    /// The create was acknowledged (durable).
+    created: bool,
+    /// An end was queued (no more appends from the workload).
+    ending: bool,
+    /// Its end marker was read.
+    ended: bool,
+    /// A remove was queued (or it was evicted): it may be gone after a restart.
+    may_be_gone: bool,
+    /// A remove was acknowledged: it is gone, and stays gone (with fsync).
+    removed: bool,
+    /// Requests by id.
+    reqs: BTreeMap<String, Req>,
+    /// Last event the client read: (epoch, seq).
+    cursor: Option<(u32, u64)>,
+    /// Events read since the last check, by seq: (epoch, payload).
+    read: BTreeMap<u64, (u32, Bytes)>,
+    /// Oldest retained seq seen while running (what recovery may not exceed, with fsync).
+    oldest_seen: u64,
+    next_payload: u64,
+}
+
+/// The pending acknowledgement of an op.
+enum Waiting {
+    Create(
+        SessionId,
+        oneshot::Receiver<Result<u64, crate::error::StoreError>>,
+    ),
+    Inflight(
+        SessionId,
+        String,
+        oneshot::Receiver<Result<u64, crate::error::StoreError>>,
+    ),
+    Remove(
+        SessionId,
+        oneshot::Receiver<Result<u64, crate::error::StoreError>>,
+    ),
+    Other(oneshot::Receiver<Result<u64, crate::error::StoreError>>),
+}
+
+/// One simulated proxy process and its world.
+struct Sim {
+    seed: u64,
+    rng: Rng,
+    fs: SimFs,
+    cfg: LogConfig,
+    seg_size: u64,
+    store: Option<Arc<Store>>,
+    writer: Option<Writer>,
+    failures: Option<mpsc::UnboundedReceiver<SessionId>>,
+    ops: Vec<Op>,
+    waiting: Vec<Waiting>,
+    sessions: BTreeMap<SessionId, SimSession>,
+    /// Every id ever read, and its payload.
+    ids: HashMap<(SessionId, u32, u64), Bytes>,
+    /// Sessions a flipped bit may have cost since the last recovery check: their losses are
+    /// excused, if refused.
+    excused: BTreeSet<SessionId>,
+    /// A fault since the last check may have cost any session (a lying sync, a flip that no
+    /// single session owns).
+    excuse_all: bool,
+    /// Lies the file system had told at the last check.
+    lies_seen: u64,
+    /// Oldest retained seq of each session as recovery found it.
+    recovered: HashMap<SessionId, u64>,
+    step: u64,
+    unix: u64,
+    idle_busy_turns: u32,
+    rep: Report,
+}
+
+fn payload(id: &SessionId, n: u64, rng: &mut Rng) -> Bytes {
+    let pad = match rng.below(20) {
+        0 => 3000 + rng.below(9000),
+        1..=3 => rng.below(600),
+        _ => rng.below(80),
+    } as usize;
+    let mut s = format!("{{\"s\":\"{id}\",\"n\":{n},\"pad\":\"");
+    s.extend(std::iter::repeat_n('x', pad));
+    s.push_str("\"}");
+    Bytes::from(s)
+}
+
+impl Sim {
+    fn new(seed: u64) -> Self {
+        let mut rng = Rng::new(seed);
+        let durability = if rng.chance(1, 2) {
+            Durability::Fsync
+        } else {
+            Durability::Relaxed
+        };
+        let cfg = LogConfig {
+            dir: PathBuf::from("/sim"),
+            durability,
+            max_events_per_session: [20, 60, 400][rng.below(3) as usize],
+            max_bytes_per_session: [16 << 10, 64 << 10, 1 << 20][rng.below(3) as usize],
+            max_total_bytes: [192 << 10, 512 << 10][rng.below(2) as usize],
+            store_error_exit_secs: 5,
+        };
+        let seg_size = [16 << 10, 32 << 10][rng.below(2) as usize];
+        let fs = SimFs::new(seed);
+        Sim {
+            seed,
+            rng,
+            fs,
+            cfg,
+            seg_size,
+            store: None,
+            writer: None,
+            failures: None,
+            ops: Vec::new(),
+            waiting: Vec::new(),
+            sessions: BTreeMap::new(),
+            ids: HashMap::new(),
+            excused: BTreeSet::new(),
+            excuse_all: false,
+            lies_seen: 0,
+            recovered: HashMap::new(),
+            step: 0,
+            unix: 1_700_000_000,
+            idle_busy_turns: 0,
+            rep: Report::default(),
+        }
+    }
+
+    fn violation(&mut self, what: String) {
+        let durability = format!("{:?}", self.cfg.durability);
+        self.rep.violations.push(format!(
+            "seed {} step {} ({durability}): {what}",
+            self.seed, self.step
+        ));
+    }
+
+    fn store(&self) -> &Arc<Store> {
+        self.store.as_ref().expect("running")
+    }
+
+    // --- process life ---
+
+    /// Starts the "process": scan, recover, the first flush, the interrupted sessions ended.
+    /// A fault on the way is a crash during recovery: power is lost there and it starts again.
+    async fn start(&mut self) {
+        for attempt in 0.. {
+            if attempt > 20 {
+                // A disk that stays full: the orchestrator's operator frees space.
+                let mut f = self.fs.faults();
+                f.capacity = None;
+                self.fs.set_faults(f);
+            }
+            match self.try_start() {
+                Ok(interrupted) => {
+                    self.check_recovered(&interrupted);
+                    self.end_interrupted(interrupted);
+                    // Sometimes power goes in the first turns after recovery.
+                    if self.rng.chance(1, 8) {
+                        let n = self.rng.below(3);
+                        for _ in 0..n {
+                            self.turn().await;
+                        }
+                        self.rep.recovery_crashes += 1;
+                        self.stop_process();
+                        self.fs.power_loss();
+                        self.rep.power_losses += 1;
+                        continue;
+                    }
+                    return;
+                }
+                Err(()) => {
+                    self.rep.recovery_crashes += 1;
+                    self.stop_process();
+                    self.fs.power_loss();
+                    self.rep.power_losses += 1;
+                }
+            }
+        }
+    }
+
+    fn try_start(&mut self) -> Result<Vec<Interrupted>, ()> {
+        let fs: Arc<dyn Dir> = Arc::new(self.fs.clone());
+        let img = Image::scan_in(fs.clone()).map_err(|_| ())?;
+        if let Ok(t) = std::env::var("SIM_TRACE") {
+            for (id, s) in &img.sessions {
+                if id.to_string().starts_with(&t) {
+                    eprintln!(
+                        "TRACE step {} scan {id}: chunks {:?} trim {:?} meta {:?} damage {:?}",
+                        self.step,
+                        s.chunks
+                            .values()
+                            .map(|c| (c.first, c.count, c.epoch, c.loc.seg))
+                            .collect::<Vec<_>>(),
+                        s.trim,
+                        s.meta.as_ref().map(|m| (&m.0.epochs, m.0.ended)),
+                        img.damage
+                    );
+                }
+            }
+        }
+        self.rep.damage_found += img.damaged;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut store = Store::new(
+            &self.cfg,
+            Metrics::new(),
+            fs,
+            Keyring::for_tests(),
+            None,
+            tx,
+        );
+        store.seg_size = self.seg_size;
+        store.compact_slice = 4 << 10;
+        store.turn_bytes = (self.cfg.max_total_bytes / 8) as usize;
+        let store = Arc::new(store);
+        let (_rec, interrupted, state) = writer::recover(&store, img).map_err(|_| ())?;
+        // What recovery found, before any turn applies retention to it.
+        self.recovered = store
+            .lock_logs()
+            .values()
+            .map(|l| (l.id, l.ranges().oldest))
+            .collect();
+        let mut w = Writer::new(store.clone(), state);
+        let (done, mut ack) = oneshot::channel();
+        let mut ops = vec![Op::Flush { done }];
+        w.turn(&mut ops);
+        if !matches!(ack.try_recv(), Ok(Ok(_))) {
+            return Err(());
+        }
+        self.store = Some(store);
+        self.writer = Some(w);
+        self.failures = Some(rx);
+        Ok(interrupted)
+    }
+
+    /// The process is gone: what was queued is lost, as are the acks (their callers are gone).
+    fn stop_process(&mut self) {
+        self.ops.clear();
+        self.waiting.clear();
+        self.writer = None;
+        self.store = None;
+        self.failures = None;
+        for s in self.sessions.values_mut() {
+            s.log = None;
+            for r in s.reqs.values_mut() {
+                // Queued work died with the process; what was durable stays owed.
+                if *r == Req::Answering {
+                    *r = Req::InFlight;
+                }
+            }
+            s.reqs.retain(|_, r| *r != Req::Registering);
+        }
+    }
+
+    /// What a new process found, checked against what clients saw.
+    fn check_recovered(&mut self, interrupted: &[Interrupted]) {
+        let lies = self.fs.lies();
+        if lies != self.lies_seen {
+            self.lies_seen = lies;
+            self.excuse_all = true;
+        }
+        let fsync = self.cfg.durability == Durability::Fsync;
+        let store = self.store().clone();
+        let owed: BTreeMap<SessionId, BTreeSet<String>> = interrupted
+            .iter()
+            .map(|i| {
+                (
+                    i.log.id,
+                    i.inflight.iter().map(|(r, _)| r.clone()).collect(),
+                )
+            })
+            .collect();
+        let ids: Vec<SessionId> = self.sessions.keys().copied().collect();
+        for id in ids {
+            let excused = self.excuse_all || self.excused.contains(&id);
+            // With fsync everything read was durable. An ended session may be evicted for space
+            // at any turn, and come back in part after a crash (its remove record not yet
+            // durable): only refusals are asked of it — and that its end, once read, stays.
+            let s = &self.sessions[&id];
+            let strict = !excused && fsync && !(s.ending || s.ended);
+            let log = store.lock_logs().get(&id).cloned();
+            if log.is_some() && self.sessions[&id].removed && fsync && !excused {
+                self.violation(format!(
+                    "session {id} removed (acknowledged) came back after a restart"
+                ));
+            }
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.removed = false;
+            }
+            let Some(log) = log else {
+                let s = &self.sessions[&id];
+                // An ended session may be evicted for space at any turn (the first after
+                // recovery too): its cursors get 404, a refusal.
+                let gone_ok = s.may_be_gone || s.ending || s.ended;
+                let (lost, cursor) = (strict && s.created && !gone_ok, s.cursor.is_some());
+                let s = SimSession {
+                    ended: s.ended,
+                    ..Default::default()
+                };
+                if lost {
+                    let img = Image::scan_in(Arc::new(self.fs.clone())).ok();
+                    let seen = img.as_ref().map(|i| i.sessions.contains_key(&id));
+                    self.violation(format!(
+                        "session {id} lost after a restart (ended {}, in a scan now: {seen:?}, damage {:?})",
+                        s.ended,
+                        img.map(|i| i.damage)
+                    ));
+                }
+                // Its cursors get 404: a refusal.
+                self.rep.refused_cursors += u64::from(cursor);
+                self.sessions.remove(&id);
+                continue;
+            };
+            self.check_session(&id, &log, strict);
+            // Requests durably in flight are answered: by a published answer (then not owed)
+            // or by this start (owed).
+            let s = self.sessions.get(&id).expect("present");
+            let ended_in_log = log.ended().is_some();
+            // Answers in the log that no client read yet (a failed turn whose cut did not
+            // reach the disk may have left one) answer their requests too.
+            let answered: BTreeSet<String> = read_after(&log, 0, usize::MAX)
+                .unwrap_or_default()
+                .iter()
+                .filter(|e| e.kind == Kind::Final)
+                .filter_map(|e| answer_of(&e.payload))
+                .collect();
+            let missing: Vec<String> = s
+                .reqs
+                .iter()
+                .filter(|(_, r)| **r == Req::InFlight)
+                .filter(|(r, _)| !answered.contains(*r))
+                .filter(|(r, _)| !owed.get(&id).is_some_and(|o| o.contains(*r)))
+                .map(|(r, _)| r.clone())
+                .collect();
+            if !missing.is_empty()
+                && !ended_in_log
+                && !excused
+                && std::env::var("SIM_TRACE").is_ok()
+            {
+                let img = Image::scan_in(Arc::new(self.fs.clone())).unwrap();
+                eprintln!(
+                    "TRACE img inflight {:?} meta {:?} chunks {:?} owed {:?} damage {:?}",
+                    img.sessions.get(&id).map(|s| &s.inflight),
+                    img.sessions.get(&id).map(|s| &s.meta),
+                    img.sessions.get(&id).map(|s| s.chunks.len()),
+                    owed.get(&id),
+                    img.damage
+                );
+            }
+            if !missing.is_empty() && !ended_in_log && !excused {
+                self.violation(format!(
+                    "session {id}: requests {missing:?} were durably in flight but are neither answered nor owed after a restart"
+                ));
+            }
+            let s = self.sessions.get_mut(&id).expect("present");
+            if s.ended && log.ended().is_none() && !excused {
+                let msg = format!("session {id}: its end was read, but it is live after a restart");
+                self.violation(msg);
+            }
+            let s = self.sessions.get_mut(&id).expect("present");
+            s.reqs.clear();
+            if let Some(o) = owed.get(&id) {
+                for r in o {
+                    s.reqs.insert(r.clone(), Req::InFlight);
+                }
+            }
+            s.log = Some(log.clone());
+            s.ending = log.ended().is_some();
+            s.ended = log.end_published();
+        }
+        // Sessions the log has that the workload never saw created (their create ack was lost
+        // with the process): adopt them, so their ends are checked too.
+        let known: Vec<Arc<SessionLog>> = store.lock_logs().values().cloned().collect();
+        for log in known {
+            self.sessions.entry(log.id).or_insert_with(|| SimSession {
+                ending: log.ended().is_some(),
+                ended: log.end_published(),
+                created: true,
+                log: Some(log.clone()),
+                oldest_seen: log.oldest(),
+                ..Default::default()
+            });
+        }
+        self.excused.clear();
+        self.excuse_all = false;
+    }
+
+    /// One session after a restart: its client's cursor resumes or is refused, and every event
+    /// it read is there or refused.
+    fn check_session(&mut self, id: &SessionId, log: &Arc<SessionLog>, strict: bool) {
+        let ranges = log.ranges();
+        let s = self.sessions.get(id).expect("present");
+        let (cursor, oldest_seen) = (s.cursor, s.oldest_seen);
+        let read: Vec<(u64, u32, Bytes)> = s
+            .read
+            .iter()
+            .map(|(q, (e, p))| (*q, *e, p.clone()))
+            .collect();
+        let found_oldest = self.recovered.get(id).copied().unwrap_or(ranges.oldest);
+        if strict && found_oldest > oldest_seen.max(1) && std::env::var("SIM_TRACE").is_ok() {
+            let img = Image::scan_in(Arc::new(self.fs.clone())).unwrap();
+            let is = img.sessions.get(id);
+            eprintln!(
+                "TRACE ranges {ranges:?} trim {:?} chunks {:?} meta {:?} segs {:?}",
+                is.map(|s| s.trim),
+                is.map(|s| s
+                    .chunks
+                    .values()
+                    .map(|c| (c.first, c.count, c.epoch, c.loc.seg))
+                    .collect::<Vec<_>>()),
+                is.map(|s| &s.meta),
+                img.segments
+            );
+        }
+        if strict && found_oldest > oldest_seen.max(1) {
+            self.violation(format!(
+                "session {id}: recovery dropped events it had retained (oldest {found_oldest} > {oldest_seen})"
+            ));
+        }
+        // The events read are all still there (or refused).
+        let from = read
+            .first()
+            .map(|(q, _, _)| q.saturating_sub(1))
+            .unwrap_or(0);
+        let have: BTreeMap<u64, (u32, Bytes)> = match read_after(log, from, usize::MAX) {
+            Ok(evs) => evs
+                .iter()
+                .map(|e| (e.seq, (e.epoch, e.payload.clone())))
+                .collect(),
+            Err(e) => {
+                if strict {
+                    self.violation(format!("session {id}: read failed after recovery: {e}"));
+                }
+                BTreeMap::new()
+            }
+        };
+        for (seq, epoch, bytes) in &read {
+            let there = have.get(seq).is_some_and(|(e, p)| e == epoch && p == bytes);
+            if there || *seq < ranges.oldest {
+                continue;
+            }
+            let c = Cursor {
+                session: *id,
+                epoch: *epoch,
+                seq: *seq,
+            };
+            match check_resume(&c, &ranges, false) {
+                Ok(_) => self.violation(format!(
+                    "session {id}: event {epoch}:{seq} is gone (or other bytes) but its cursor still resumes"
+                )),
+                Err(_) if strict => self.violation(format!(
+                    "session {id}: acknowledged event {epoch}:{seq} lost (fsync, no damage)"
+                )),
+                Err(_) => {}
+            }
+        }
+        // The client's own cursor.
+        if let Some((epoch, seq)) = cursor {
+            let c = Cursor {
+                session: *id,
+                epoch,
+                seq,
+            };
+            match check_resume(&c, &ranges, false) {
+                Ok(after) => match read_after(log, after, 1) {
+                    Ok(next) if next.first().is_some_and(|e| e.seq != after + 1) => {
+                        self.violation(format!(
+                            "session {id}: resume from {epoch}:{seq} accepted but the next event is {}",
+                            next[0].seq
+                        ))
+                    }
+                    _ => {}
+                },
+                Err(Refusal::CursorTrimmed) => {
+                    self.rep.trimmed_cursors += 1;
+                    self.reconcile(id, log);
+                }
+                Err(r) => {
+                    if strict {
+                        self.violation(format!(
+                            "session {id}: cursor {epoch}:{seq} refused ({r:?}) after a restart (fsync, no damage)"
+                        ));
+                    }
+                    self.rep.refused_cursors += 1;
+                    self.reconcile(id, log);
+                }
+            }
+        }
+        let s = self.sessions.get_mut(id).expect("present");
+        s.read.clear();
+        s.oldest_seen = ranges.oldest;
+    }
+
+    /// A refused client opens a fresh stream: it goes on from the head.
+    fn reconcile(&mut self, id: &SessionId, log: &Arc<SessionLog>) {
+        let r = log.ranges();
+        let s = self.sessions.get_mut(id).expect("present");
+        s.cursor = (r.head > 0).then(|| (r.epoch_of(r.head), r.head));
+        s.reqs.retain(|_, r| *r == Req::Registering);
+    }
+
+    /// The app ends what was live: every owed request answered (-32091), then the end.
+    fn end_interrupted(&mut self, interrupted: Vec<Interrupted>) {
+        for i in interrupted {
+            let evs = i
+                .inflight
+                .iter()
+                .map(|(req, stream)| {
+                    let mut ev = NewEvent::new(
+                        *stream,
+                        Kind::Final,
+                        Bytes::from(format!("{{\"id\":{req},\"error\":{{\"code\":-32091}}}}")),
+                    );
+                    ev.completes = Some(req.clone());
+                    ev
+                })
+                .collect();
+            if let Some(s) = self.sessions.get_mut(&i.log.id) {
+                s.ending = true;
+                for r in s.reqs.values_mut() {
+                    *r = Req::Answering;
+                }
+            }
+            self.push_end(&i.log, EndReason::UpstreamLost, evs);
+        }
+    }
+
+    fn push_end(&mut self, log: &Arc<SessionLog>, reason: EndReason, evs: Vec<NewEvent>) {
+        let (done, rx) = oneshot::channel();
+        self.ops.push(Op::End {
+            log: log.clone(),
+            reason,
+            evs,
+            done,
+            _permit: None,
+        });
+        self.waiting.push(Waiting::Other(rx));
+    }
+
+    // --- turns ---
+
+    async fn turn(&mut self) {
+        let Some(w) = self.writer.as_mut() else {
+            return;
+        };
+        let before_ops = self.ops.len();
+        let before_disk = self.fs.segment_bytes();
+        let was = *self.store.as_ref().expect("running").health.borrow();
+        w.turn(&mut self.ops);
+        self.rep.turns += 1;
+        let store = self.store().clone();
+        let now = *store.health.borrow();
+        if was == Health::Ok && now == Health::Degraded {
+            self.rep.degraded += 1;
+        }
+        if was == Health::Degraded && now == Health::Ok {
+            self.rep.healed += 1;
+        }
+        if now != Health::Ok {
+            // Retries and the exit deadline run on the writer's clock.
+            tokio::time::advance(Duration::from_millis(1100)).await;
+        }
+        // No spin: a busy writer makes progress.
+        let w = self.writer.as_ref().expect("running");
+        let progressed = self.ops.len() != before_ops
+            || self.fs.segment_bytes() != before_disk
+            || w.last_written() > 0;
+        if w.busy() && !progressed && now == Health::Ok {
+            self.idle_busy_turns += 1;
+            if self.idle_busy_turns == 200 {
+                self.violation("the writer spins: busy for 200 turns without progress".into());
+            }
+        } else {
+            self.idle_busy_turns = 0;
+        }
+        if now == Health::Ok {
+            let disk = self.fs.segment_bytes();
+            if disk > store.disk_bound() {
+                self.violation(format!(
+                    "disk bound broken: {disk} bytes of segments > {}",
+                    store.disk_bound()
+                ));
+            }
+        }
+        self.collect_acks();
+        self.collect_failures();
+        self.read_all();
+    }
+
+    fn collect_acks(&mut self) {
+        let mut still = Vec::new();
+        for w in std::mem::take(&mut self.waiting) {
+            match w {
+                Waiting::Create(id, mut rx) => match rx.try_recv() {
+                    Ok(Ok(_)) => {
+                        if let Some(s) = self.sessions.get_mut(&id) {
+                            s.created = true;
+                        }
+                    }
+                    Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {
+                        if let Some(s) = self.sessions.get_mut(&id) {
+                            s.ending = true;
+                            s.may_be_gone = true;
+                        }
+                    }
+                    Err(oneshot::error::TryRecvError::Empty) => still.push(Waiting::Create(id, rx)),
+                },
+                Waiting::Inflight(id, req, mut rx) => match rx.try_recv() {
+                    Ok(Ok(_)) => {
+                        if let Some(r) = self
+                            .sessions
+                            .get_mut(&id)
+                            .and_then(|s| s.reqs.get_mut(&req))
+                        {
+                            if *r == Req::Registering {
+                                *r = Req::InFlight;
+                            }
+                        }
+                    }
+                    Ok(Err(_)) | Err(oneshot::error::TryRecvError::Closed) => {
+                        if let Some(s) = self.sessions.get_mut(&id) {
+                            s.reqs.remove(&req);
+                        }
+                    }
+                    Err(oneshot::error::TryRecvError::Empty) => {
+                        still.push(Waiting::Inflight(id, req, rx))
+                    }
+                },
+                Waiting::Remove(id, mut rx) => match rx.try_recv() {
+                    Ok(Ok(_)) => {
+                        if let Some(s) = self.sessions.get_mut(&id) {
+                            s.removed = true;
+                        }
+                    }
+                    Err(oneshot::error::TryRecvError::Empty) => still.push(Waiting::Remove(id, rx)),
+                    _ => {}
+                },
+                Waiting::Other(mut rx) => {
+                    if let Err(oneshot::error::TryRecvError::Empty) = rx.try_recv() {
+                        still.push(Waiting::Other(rx));
+                    }
+                }
+            }
+        }
+        self.waiting = still;
+    }
+
+    /// Sessions whose appends were lost end with store_error (as the registry does).
+    fn collect_failures(&mut self) {
+        let mut failed = Vec::new();
+        if let Some(rx) = self.failures.as_mut() {
+            while let Ok(id) = rx.try_recv() {
+                failed.push(id);
+            }
+        }
+        for id in failed {
+            let Some(log) = self.store().lock_logs().get(&id).cloned() else {
+                continue;
+            };
+            let evs = self.answers_owed(&id);
+            self.push_end(&log, EndReason::StoreError, evs);
+        }
+    }
+
+    /// -32091 answers for the session's requests in flight (they are being answered now).
+    fn answers_owed(&mut self, id: &SessionId) -> Vec<NewEvent> {
+        let Some(s) = self.sessions.get_mut(id) else {
+            return Vec::new();
+        };
+        s.ending = true;
+        let mut evs = Vec::new();
+        for (req, r) in s.reqs.iter_mut() {
+            if *r == Req::InFlight {
+                *r = Req::Answering;
+                let mut ev = NewEvent::new(
+                    StreamTag::LEGACY,
+                    Kind::Final,
+                    Bytes::from(format!("{{\"id\":{req},\"error\":{{\"code\":-32091}}}}")),
+                );
+                ev.completes = Some(req.clone());
+                evs.push(ev);
+            }
+        }
+        evs
+    }
+
+    /// Every client reads what was published; ids are checked against all ever read.
+    fn read_all(&mut self) {
+        let logs: Vec<Arc<SessionLog>> = {
+            let mut v: Vec<_> = self.store().lock_logs().values().cloned().collect();
+            v.sort_by_key(|l| l.id);
+            v
+        };
+        let present: BTreeSet<SessionId> = logs.iter().map(|l| l.id).collect();
+        let mut back = Vec::new();
+        for (id, s) in self.sessions.iter_mut() {
+            if !present.contains(id) {
+                // Removed or evicted while running.
+                s.may_be_gone = true;
+            } else if s.removed {
+                back.push(*id);
+            }
+        }
+        for id in back {
+            self.violation(format!(
+                "session {id} removed (acknowledged) but still held"
+            ));
+            if let Some(s) = self.sessions.get_mut(&id) {
+                s.removed = false;
+            }
+        }
+        for log in logs {
+            let id = log.id;
+            let Some(s) = self.sessions.get(&id) else {
+                continue;
+            };
+            let after = s.cursor.map_or(0, |(_, q)| q);
+            let evs = match read_after(&log, after, usize::MAX) {
+                Ok(e) => e,
+                Err(e) => {
+                    // A chunk damaged under a reader: it must be refused from now on.
+                    tracing::debug!(error = %e, "sim read failed");
+                    continue;
+                }
+            };
+            let ranges = log.ranges();
+            let mut violations = Vec::new();
+            let s = self.sessions.get_mut(&id).expect("present");
+            s.oldest_seen = s.oldest_seen.max(ranges.oldest);
+            let mut expect = after + 1;
+            for ev in evs {
+                if ev.seq != expect {
+                    if expect >= ranges.oldest {
+                        violations.push(format!(
+                            "session {id}: read after {after} jumped from {expect} to {}",
+                            ev.seq
+                        ));
+                    } else {
+                        // Trimmed under a slow client: a live client gets cursor_trimmed and
+                        // re-queries its work; answers it skipped are not the oracle's to know.
+                        self.rep.trimmed_cursors += 1;
+                        s.reqs.retain(|_, r| *r == Req::Registering);
+                    }
+                }
+                expect = ev.seq + 1;
+                let key = (id, ev.epoch, ev.seq);
+                match self.ids.get(&key) {
+                    Some(p) if *p != ev.payload => violations.push(format!(
+                        "id {id}:{}:{} reused with other bytes",
+                        ev.epoch, ev.seq
+                    )),
+                    Some(_) => {}
+                    None => {
+                        self.ids.insert(key, ev.payload.clone());
+                    }
+                }
+                self.rep.events_read += 1;
+                s.cursor = Some((ev.epoch, ev.seq));
+                s.read.insert(ev.seq, (ev.epoch, ev.payload.clone()));
+                match ev.kind {
+                    Kind::End => {
+                        s.ended = true;
+                        s.ending = true;
+                    }
+                    Kind::Final => {
+                        if let Some(req) = answer_of(&ev.payload) {
+                            s.reqs.remove(&req);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            // Memory stays bounded: what is trimmed is no longer checked.
+            let oldest = ranges.oldest;
+            s.read.retain(|q, _| *q >= oldest);
+            for v in violations {
+                self.violation(v);
+            }
+        }
+    }
+
+    // --- the workload ---
+
+    fn live_sessions(&self) -> Vec<SessionId> {
+        self.sessions
+            .iter()
+            .filter(|(_, s)| s.log.is_some() && !s.ending && s.created)
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    fn pick(&mut self, v: &[SessionId]) -> Option<SessionId> {
+        (!v.is_empty()).then(|| v[self.rng.below(v.len() as u64) as usize])
+    }
+
+    async fn step(&mut self) {
+        self.step += 1;
+        if self.step.is_multiple_of(50) {
+            self.unix += 1;
+            FIXED_UNIX.with(|c| c.set(Some(self.unix)));
+        }
+        let live = self.live_sessions();
+        let roll = self.rng.below(1000);
+        match roll {
+            0..=59 if live.len() < 12 => self.create(),
+            0..=519 => {
+                if let Some(id) = self.pick(&live) {
+                    self.append(id);
+                } else {
+                    self.create();
+                }
+            }
+            520..=579 => {
+                if let Some(id) = self.pick(&live) {
+                    self.register(id);
+                }
+            }
+            580..=659 => {
+                if let Some(id) = self.pick(&live) {
+                    self.answer(id);
+                }
+            }
+            660..=689 => {
+                if let Some(id) = self.pick(&live) {
+                    let log = self.sessions[&id].log.clone().expect("live");
+                    let evs = self.answers_owed(&id);
+                    let reason = if self.rng.chance(1, 2) {
+                        EndReason::TaskFinished
+                    } else {
+                        EndReason::ClientDelete
+                    };
+                    self.push_end(&log, reason, evs);
+                }
+            }
+            690..=709 => {
+                // Ended or ending (its end may be in the same turn as the remove).
+                let ended: Vec<SessionId> = self
+                    .sessions
+                    .iter()
+                    .filter(|(_, s)| s.ending && s.log.is_some())
+                    .map(|(id, _)| *id)
+                    .collect();
+                if let Some(id) = self.pick(&ended) {
+                    let (done, rx) = oneshot::channel();
+                    self.ops.push(Op::Remove { session: id, done });
+                    self.waiting.push(Waiting::Remove(id, rx));
+                    if let Some(s) = self.sessions.get_mut(&id) {
+                        s.may_be_gone = true;
+                    }
+                }
+            }
+            710..=719 => {
+                let (done, rx) = oneshot::channel();
+                let target = self.cfg.max_total_bytes / 2;
+                self.ops.push(Op::MakeRoom { target, done });
+                self.waiting.push(Waiting::Other(rx));
+            }
+            720..=739 => {
+                let (done, rx) = oneshot::channel();
+                self.ops.push(Op::Flush { done });
+                self.waiting.push(Waiting::Other(rx));
+            }
+            740..=744 => self.crash(true).await,
+            745..=747 => self.crash(false).await,
+            748..=749 => self.clean_restart().await,
+            750..=753 => {
+                // The disk fills up: little room beyond what is used now.
+                let mut f = self.fs.faults();
+                f.capacity = Some(self.fs.used() + self.rng.below(64 << 10));
+                self.fs.set_faults(f);
+            }
+            754..=763 => {
+                let mut f = self.fs.faults();
+                f.capacity = None;
+                self.fs.set_faults(f);
+            }
+            _ => {}
+        }
+        // Turns: usually one, sometimes ops pile up (group commit), sometimes several.
+        let turns = match self.rng.below(10) {
+            0 => 0,
+            1 => 3,
+            _ => 1,
+        };
+        for _ in 0..turns {
+            self.turn().await;
+            if self.failed() {
+                self.rep.failed += 1;
+                if self.rng.chance(1, 2) {
+                    // The operator frees space before the restart.
+                    let mut f = self.fs.faults();
+                    f.capacity = None;
+                    self.fs.set_faults(f);
+                }
+                // Exit 74; the orchestrator restarts it (after a kill or a power loss).
+                let power = self.rng.chance(1, 2);
+                self.crash(power).await;
+                break;
+            }
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.store
+            .as_ref()
+            .is_some_and(|s| *s.health.borrow() == Health::Failed)
+    }
+
+    fn create(&mut self) {
+        let Some(store) = self.store.as_ref() else {
+            return;
+        };
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&self.rng.next().to_be_bytes());
+        b[8..].copy_from_slice(&self.rng.next().to_be_bytes());
+        let id = SessionId(b);
+        let log = super::new_session_log(store, id, Facade::Legacy, None, None);
+        let (done, rx) = oneshot::channel();
+        self.ops.push(Op::Create {
+            log: log.clone(),
+            done,
+        });
+        self.waiting.push(Waiting::Create(id, rx));
+        self.sessions.insert(
+            id,
+            SimSession {
+                log: Some(log),
+                oldest_seen: 1,
+                ..Default::default()
+            },
+        );
+        self.rep.sessions += 1;
+    }
+
+    fn append(&mut self, id: SessionId) {
+        let most = if self.rng.chance(1, 10) { 60 } else { 6 };
+        let n = 1 + self.rng.below(most);
+        let s = self.sessions.get_mut(&id).expect("live");
+        let log = s.log.clone().expect("live");
+        let mut evs = Vec::new();
+        for _ in 0..n {
+            s.next_payload += 1;
+            let p = payload(&id, s.next_payload, &mut self.rng);
+            evs.push(NewEvent::new(StreamTag::LEGACY, Kind::Message, p));
+        }
+        let done = if self.rng.chance(1, 2) {
+            let (d, rx) = oneshot::channel();
+            self.waiting.push(Waiting::Other(rx));
+            Some(d)
+        } else {
+            None
+        };
+        self.ops.push(Op::Append {
+            log,
+            evs,
+            done,
+            _permit: None,
+        });
+    }
+
+    fn register(&mut self, id: SessionId) {
+        let s = self.sessions.get_mut(&id).expect("live");
+        s.next_payload += 1;
+        let req = format!("{}", s.next_payload);
+        s.reqs.insert(req.clone(), Req::Registering);
+        let log = s.log.clone().expect("live");
+        let (done, rx) = oneshot::channel();
+        self.ops.push(Op::Inflight {
+            log,
+            request_id: req.clone(),
+            stream: StreamTag::LEGACY,
+            done,
+        });
+        self.waiting.push(Waiting::Inflight(id, req, rx));
+    }
+
+    fn answer(&mut self, id: SessionId) {
+        let s = self.sessions.get_mut(&id).expect("live");
+        let Some(req) = s
+            .reqs
+            .iter()
+            .find(|(_, r)| **r == Req::InFlight)
+            .map(|(q, _)| q.clone())
+        else {
+            return;
+        };
+        s.reqs.insert(req.clone(), Req::Answering);
+        let log = s.log.clone().expect("live");
+        let mut ev = NewEvent::new(
+            StreamTag::LEGACY,
+            Kind::Final,
+            Bytes::from(format!("{{\"id\":{req},\"result\":{{}}}}")),
+        );
+        ev.completes = Some(req);
+        self.ops.push(Op::Append {
+            log,
+            evs: vec![ev],
+            done: None,
+            _permit: None,
+        });
+    }
+
+    /// A power loss (or a kill: the page cache survives), maybe a flipped bit at rest, then a
+    /// new process.
+    async fn crash(&mut self, power: bool) {
+        self.stop_process();
+        if power {
+            self.fs.power_loss();
+            self.rep.power_losses += 1;
+        } else {
+            self.rep.kills += 1;
+        }
+        self.maybe_flip();
+        self.start().await;
+    }
+
+    /// Sometimes a bit flips at rest.
+    fn maybe_flip(&mut self) {
+        if self.rng.chance(1, 6) {
+            if let Some(hit) = self.fs.flip_synced_bit() {
+                self.rep.bit_flips += 1;
+                match hit {
+                    Some(id) => {
+                        self.excused.insert(id);
+                    }
+                    None => self.excuse_all = true,
+                }
+            }
+        }
+    }
+
+    /// A clean stop (the close op), then a new process.
+    async fn clean_restart(&mut self) {
+        let (done, mut rx) = oneshot::channel();
+        self.ops.push(Op::Close { done });
+        for _ in 0..4 {
+            self.turn().await;
+            if self.writer.is_none()
+                || !matches!(rx.try_recv(), Err(oneshot::error::TryRecvError::Empty))
+            {
+                break;
+            }
+        }
+        self.rep.clean_stops += 1;
+        self.stop_process();
+        self.maybe_flip();
+        self.start().await;
+    }
+
+    async fn run(mut self, steps: u64) -> Report {
+        let fail_ppm = [0, 1000, 5000][self.rng.below(3) as usize];
+        let lie_ppm = [0, 0, 3000][self.rng.below(3) as usize];
+        self.fs.set_faults(Faults {
+            fail_ppm,
+            capacity: None,
+            lie_ppm,
+        });
+        FIXED_UNIX.with(|c| c.set(Some(self.unix)));
+        self.start().await;
+        for _ in 0..steps {
+            self.step().await;
+        }
+        // The end: power goes once more, and every check runs on what is left.
+        self.crash(true).await;
+        self.rep.seeds = 1;
+        self.rep.steps = steps;
+        self.rep.injected_faults = self.fs.injected();
+        FIXED_UNIX.with(|c| c.set(None));
+        self.rep
+    }
+}
+
+/// The request id an answer payload carries (the workload's own format).
+fn answer_of(payload: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    Some(v.get("id")?.to_string())
+}
+
+/// Runs one seed.
+pub fn run_seed(seed: u64, steps: u64) -> Report {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(Sim::new(seed).run(steps))
+}
+
+/// Runs a profile.
+pub fn run(p: &Profile) -> Report {
+    let mut total = Report::default();
+    for seed in p.first_seed..p.first_seed + p.seeds {
+        total.add(&run_seed(seed, p.steps));
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_u64(name: &str, default: u64) -> u64 {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    }
+
+    /// The CI profile: thousands of seeds in a few minutes. `SIM_SEEDS`, `SIM_STEPS` and
+    /// `SIM_FIRST_SEED` choose another (`scripts/sim-long` runs the long one).
+    #[test]
+    fn simulated_faults_break_no_invariant() {
+        let p = Profile {
+            seeds: env_u64("SIM_SEEDS", 2000),
+            first_seed: env_u64("SIM_FIRST_SEED", 1),
+            steps: env_u64("SIM_STEPS", 300),
+        };
+        let rep = run(&p);
+        let name = std::env::var("SIM_PROFILE").unwrap_or_else(|_| "short".into());
+        println!("{}", rep.line(&name, p.first_seed));
+        for v in rep.violations.iter().take(20) {
+            println!("violation: {v}");
+        }
+        assert!(
+            rep.violations.is_empty(),
+            "{} violations",
+            rep.violations.len()
+        );
+        // The run explored what it claims to.
+        assert!(rep.power_losses > 0 && rep.bit_flips > 0 && rep.injected_faults > 0);
+        assert!(rep.damage_found > 0 && rep.degraded > 0 && rep.events_read > 0);
+    }
+
+    #[test]
+    fn a_seed_reproduces_its_run() {
+        let a = run_seed(42, 400);
+        let b = run_seed(42, 400);
+        assert_eq!(a, b);
+        assert!(a.turns > 400 && a.events_read > 0);
+    }
+
+    #[test]
+    fn the_file_system_loses_only_what_was_not_synced() {
+        let fs = SimFs::new(7);
+        let f = fs.create("a.seg").unwrap();
+        fs.sync().unwrap();
+        f.write_all_at(b"synced", 0).unwrap();
+        f.sync_data().unwrap();
+        f.write_all_at(b"-not-synced", 6).unwrap();
+        for _ in 0..20 {
+            fs.power_loss();
+            let g = fs.open("a.seg", false).unwrap();
+            let mut buf = vec![0u8; 64];
+            let n = g.read_at(&mut buf, 0).unwrap();
+            assert!(n >= 6 && &buf[..6] == b"synced");
+        }
+        // A file whose creation was never synced may vanish.
+        let mut gone = false;
+        for i in 0..20 {
+            let name = format!("{i}.seg");
+            fs.create(&name).unwrap().write_all_at(b"x", 0).unwrap();
+            fs.power_loss();
+            gone |= fs.open(&name, false).is_err();
+        }
+        assert!(gone);
+    }
+}

@@ -49,7 +49,7 @@ const CHUNK_EVENTS: u32 = 256;
 const CHUNK_BYTES: usize = 64 * 1024;
 /// Bytes of old records compaction reads per turn at least, so that a turn's latency stays
 /// small; under load it reads twice what the previous turn wrote, so it keeps pace (§10b).
-const COMPACT_SLICE: usize = 1024 * 1024;
+pub(crate) const COMPACT_SLICE: usize = 1024 * 1024;
 /// How often a degraded log retries the ends it owes.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
 
@@ -642,6 +642,12 @@ impl Writer {
         }
     }
 
+    /// Bytes the last turn wrote.
+    #[cfg(test)]
+    pub(crate) fn last_written(&self) -> usize {
+        self.last_written
+    }
+
     /// Has work of its own (records owed, compaction) to do without waiting for ops.
     pub(crate) fn busy(&self) -> bool {
         !self.st.internal.is_empty() || self.wants_compaction()
@@ -846,7 +852,10 @@ impl Writer {
             self.compaction = None;
         }
         for id in dead {
-            tracing::info!(segment = id, "out of space: deleting a segment whose records are all dead");
+            tracing::info!(
+                segment = id,
+                "out of space: deleting a segment whose records are all dead"
+            );
             self.delete_segment(id);
         }
     }
@@ -1519,7 +1528,7 @@ impl Writer {
         };
         let (seg, len) = (info.seg.clone(), info.len);
         // Reclaim at least what the last turn wrote (twice it), so a flood cannot outrun it.
-        let budget = COMPACT_SLICE.max(2 * self.last_written);
+        let budget = self.store.compact_slice.max(2 * self.last_written);
         let mut read = 0usize;
         while off < len && read < budget {
             let want = ((len - off) as usize).min(budget);
@@ -1558,7 +1567,9 @@ impl Writer {
                         }
                         block = big;
                     }
-                    Err(record::FrameError::Short { need }) if off + ((pos + need) as u64) <= len => {
+                    Err(record::FrameError::Short { need })
+                        if off + ((pos + need) as u64) <= len =>
+                    {
                         // The rest of this record is in the next block.
                         break;
                     }
@@ -1646,7 +1657,9 @@ impl Writer {
                     dead.push(l);
                 }
                 if let Some(stream) = log.inflight_stream(&r) {
-                    self.st.internal.push(Internal::Inflight(log.clone(), r, stream));
+                    self.st
+                        .internal
+                        .push(Internal::Inflight(log.clone(), r, stream));
                 }
             }
             for l in dead {
