@@ -11,6 +11,8 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
@@ -494,4 +496,235 @@ async fn the_total_bound_holds_on_disk() {
     );
     assert!(peak <= bound, "du peaked at {peak} B, over {bound} B");
     assert!(peak >= MAX / 2, "the test filled the log: {peak} B");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Issue 15 (design.md §10b): the bound under a sustained flood, a full disk that heals, the exit
+// deadline of a log that cannot heal, private files
+
+/// Samples [`du`] of a directory every `every` on its own thread until [`DuSampler::stop`].
+struct DuSampler {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(Duration, u64)>>,
+}
+
+impl DuSampler {
+    fn start(dir: &Path, every: Duration) -> DuSampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (dir, flag) = (dir.to_path_buf(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            let t0 = std::time::Instant::now();
+            let mut samples = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                samples.push((t0.elapsed(), du(&dir)));
+                std::thread::sleep(every);
+            }
+            samples
+        });
+        DuSampler { stop, thread }
+    }
+
+    /// Every sample taken: (time since the start, bytes).
+    fn stop(self) -> Vec<(Duration, u64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().expect("the du sampler")
+    }
+}
+
+/// What one client read of a flooded legacy session, checked as it went.
+#[derive(Debug, Default)]
+struct FloodRead {
+    /// `emit` events received.
+    events: u64,
+    /// The last `emit` seq received (they are 1, 2, 3, ... with nothing missing).
+    last_emit: u64,
+    /// Times the stream closed and a resume continued it (200).
+    resumed: u64,
+    /// The refusal that ended the reading (`cursor_trimmed`), if the session did not end first.
+    refused: Option<String>,
+}
+
+/// Where `emit`'s per-session seq sits in its event data (the frame is fixed up to it).
+const EMIT_HEAD: &[u8] = br#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","logger":"emit","data":{"seq":"#;
+
+/// An `emit` event's (seq, pad length), checked to be the frame the demo upstream writes
+/// (`..."pad":"xxx..."}}}`); `None` for any other event.
+fn emit_frame(data: &[u8], pad: &[u8]) -> Option<(u64, usize)> {
+    let rest = data.strip_prefix(EMIT_HEAD)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    let seq = std::str::from_utf8(&rest[..digits])
+        .unwrap()
+        .parse()
+        .unwrap();
+    let at = rest
+        .windows(7)
+        .position(|w| w == br#""pad":""#)
+        .unwrap_or_else(|| panic!("emit event {seq} without its pad"))
+        + 7;
+    let body = rest[at..]
+        .strip_suffix(br#""}}}"#)
+        .unwrap_or_else(|| panic!("emit event {seq} does not end its frame"));
+    assert!(
+        body.len() <= pad.len() && body == &pad[..body.len()],
+        "emit event {seq}: its pad is not the {} bytes of 'x' written",
+        body.len()
+    );
+    Some((seq, body.len()))
+}
+
+/// Reads a flooded legacy session from `sse` (last event read: `last_id`) until the session ends
+/// or a resume is refused. Every event read is checked: its id is the next seq of the same
+/// session and epoch, and every `emit` event is the next of the upstream's sequence, with its
+/// `size` bytes of pad intact (nothing missing, duplicated, reordered or cut). A stream that
+/// closes is resumed from the last id read: it must continue exactly, or be refused with
+/// `409 cursor_trimmed` (the reader fell behind the retained window), or answer 404 once the
+/// session has ended with nothing more to read.
+async fn read_flood(base: String, mut sse: Sse, mut last_id: String, size: usize) -> FloodRead {
+    let pad = vec![b'x'; size];
+    let prefix = last_id.rsplit_once(':').unwrap().0.to_string();
+    let mut r = FloodRead::default();
+    loop {
+        let ev = sse
+            .next_within(Duration::from_secs(30))
+            .await
+            .unwrap_or_else(|()| panic!("{prefix}: no event for 30 s after {last_id}"));
+        // The harness keeps every byte of a stream; a flood is far too much for that.
+        sse.raw.clear();
+        let Some(ev) = ev else {
+            let (again, err) =
+                Sse::get(&format!("{base}/sse"), &[("last-event-id", &last_id)]).await;
+            match again.status {
+                200 => {
+                    r.resumed += 1;
+                    sse = again;
+                    continue;
+                }
+                404 => return r,
+                409 => {
+                    let body = js(err.unwrap().as_bytes());
+                    assert_eq!(
+                        body["error"]["data"]["reason"], "cursor_trimmed",
+                        "{prefix}: resume from {last_id}: {body}"
+                    );
+                    r.refused = Some("cursor_trimmed".into());
+                    return r;
+                }
+                s => panic!("{prefix}: resume from {last_id}: {s} {err:?}"),
+            }
+        };
+        if ev.event.as_deref() == Some("endpoint") {
+            continue;
+        }
+        let id = ev.id.clone().expect("logged events carry an id");
+        assert_eq!(
+            id,
+            format!("{prefix}:{}", seq_of(&last_id) + 1),
+            "{prefix}: the event after {last_id}"
+        );
+        last_id = id;
+        if let Some((seq, len)) = emit_frame(&ev.data, &pad) {
+            assert_eq!(
+                seq,
+                r.last_emit + 1,
+                "{prefix}: emit seq after {}",
+                r.last_emit
+            );
+            assert_eq!(len, size, "{prefix}: emit event {seq}'s pad");
+            r.last_emit = seq;
+            r.events += 1;
+        }
+    }
+}
+
+/// The bound under a sustained flood (design.md §10b "The disk bound holds under any load"):
+/// `log.max_total_bytes` = 16 MiB; three sessions flood 64 KiB events at 160 per second each
+/// (about 30 MB/s offered) for 25 s while a client reads each. `du` of the data dir, sampled every
+/// 150 ms, stays within 1.5 × the bound + 4 MiB (README "Durability and storage") at every sample.
+/// The proxy may slow the upstream down (backpressure) but not by much: at least 8 × the bound
+/// must pass through the log. Nothing is dropped: each reader sees its session's events
+/// contiguous and whole up to the end of the session, or is told that it fell behind
+/// (`409 cursor_trimmed`) — never a stream with a hole in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_total_bound_holds_on_disk_under_a_sustained_flood() {
+    const MAX: u64 = 16 << 20;
+    const SIZE: usize = 64 << 10;
+    const RATE: u64 = 160;
+    const FLOOD: Duration = Duration::from_secs(25);
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let proxy = ProxyProc::start(
+        &up.sse_url(),
+        &data,
+        &[(
+            "[log]",
+            &format!(
+                "max_total_bytes = {MAX}\nmax_bytes_per_session = {}",
+                MAX / 2
+            ),
+        )],
+    )
+    .await;
+    let base = proxy.base();
+    let metrics = proxy.metrics_url();
+    let sampler = DuSampler::start(&data, Duration::from_millis(150));
+    let mut readers = Vec::new();
+    let mut urls = Vec::new();
+    for _ in 0..3 {
+        let (sse, url, last) = legacy_session(&base).await;
+        let flood = call(
+            2,
+            "emit",
+            json!({"count": 1_000_000, "rate_per_sec": RATE, "size": SIZE}),
+            None,
+        );
+        assert_eq!(post(&url, &flood).await.0, 202);
+        readers.push(tokio::spawn(read_flood(base.clone(), sse, last, SIZE)));
+        urls.push(url);
+    }
+    tokio::time::sleep(FLOOD).await;
+    // The floods stop with their upstream sessions: each session ends, and its reader with it.
+    for url in &urls {
+        post(url, &call(3, "misbehave", json!({"kind": "close"}), None)).await;
+    }
+    let mut reads = Vec::new();
+    for r in readers {
+        reads.push(
+            tokio::time::timeout(Duration::from_secs(60), r)
+                .await
+                .expect("each reader ends once its session has")
+                .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic())),
+        );
+    }
+    let logged = metric(&metrics, "mcp_resume_events_logged_total").await;
+    let samples = sampler.stop();
+    let bound = MAX + MAX / 2 + (4 << 20);
+    let peak = samples.iter().map(|s| s.1).max().unwrap();
+    println!(
+        "{} du samples, peak {peak} B for log.max_total_bytes = {MAX} B ({:.2}x); {logged} events logged ({:.1} MB/s); reads: {reads:?}",
+        samples.len(),
+        peak as f64 / MAX as f64,
+        logged * SIZE as f64 / FLOOD.as_secs_f64() / 1e6,
+    );
+    let over: Vec<_> = samples.iter().filter(|s| s.1 > bound).collect();
+    if let Some((t, b)) = over.first() {
+        panic!(
+            "du was {b} B at {t:?}, over {bound} B (1.5 × {MAX} + 4 MiB); {} of {} samples over, peak {peak} B",
+            over.len(),
+            samples.len()
+        );
+    }
+    assert!(
+        samples.len() as f64 >= FLOOD.as_secs_f64() / 0.25,
+        "too few samples: {}",
+        samples.len()
+    );
+    assert!(
+        logged * SIZE as f64 >= 8.0 * MAX as f64,
+        "only {logged} events of {SIZE} B went through the log in {FLOOD:?}: the flood was throttled to a trickle"
+    );
+    assert!(peak >= MAX / 2, "the flood filled the log: {peak} B");
+    for (k, r) in reads.iter().enumerate() {
+        assert!(r.events > 0, "reader {k} read nothing: {r:?}");
+    }
 }
