@@ -4,6 +4,10 @@
 //! process (exit codes are part of the contract) in front of the embedded demo upstream, whose
 //! `emit` tool floods a session on demand; everything is real: mounts, files, sockets.
 //!
+//! Issue 15 (design.md §10b) adds: `du` sampled through a sustained flood; a full disk that heals in
+//! process by reclaiming dead segments; a disk that stays full, after which the process exits 74
+//! at `log.store_error_exit_secs`; and the modes of the data dir and its files.
+//!
 //! Mounting needs root (every machine here, CI included, runs tests as root). Where a mount cannot
 //! be made, the test fails with the reason; it never skips.
 
@@ -727,4 +731,326 @@ async fn the_total_bound_holds_on_disk_under_a_sustained_flood() {
     for (k, r) in reads.iter().enumerate() {
         assert!(r.events > 0, "reader {k} read nothing: {r:?}");
     }
+}
+
+/// Is `data` the -32091 answer to request `id` (with `error.data.reason` = `reason`, if given)?
+fn is_aborted_answer(data: &[u8], id: u64, reason: Option<&str>) -> bool {
+    let m = js(data);
+    m["id"] == id
+        && m["error"]["code"] == -32091
+        && reason.is_none_or(|r| m["error"]["data"]["reason"] == r)
+}
+
+/// The rest of a legacy session that ended on a store error with request `id` in flight, read
+/// once the log takes writes again (in process, or after a restart); `got` is what its client
+/// read before its stream closed. If that already ended with the answer to `id`, a resume
+/// answers 404 (nothing more); otherwise it replays exactly what followed the last event read,
+/// then the answer, then the session's end.
+async fn rest_after_store_error(
+    base: &str,
+    got: &[(String, Vec<u8>)],
+    id: u64,
+    reason: Option<&str>,
+) -> Vec<(String, Vec<u8>)> {
+    let last = &got.last().expect("the client read something").0;
+    let (mut again, err) = Sse::get(&format!("{base}/sse"), &[("last-event-id", last)]).await;
+    if is_aborted_answer(&got.last().unwrap().1, id, reason) {
+        assert_eq!(again.status, 404, "resume after the answer: {err:?}");
+        return Vec::new();
+    }
+    assert!(
+        err.is_none(),
+        "resume from {last}: {} {err:?}",
+        again.status
+    );
+    let rest = drain(&mut again).await;
+    assert_contiguous(&rest, seq_of(last) + 1);
+    let answer = &rest.last().expect("at least the answer").1;
+    assert!(
+        is_aborted_answer(answer, id, reason),
+        "the last event is the -32091 answer to {id}: {}",
+        String::from_utf8_lossy(answer)
+    );
+    rest
+}
+
+/// Nothing of the upstream's `emit` stream was skipped: the seqs in `evs` are 1, 2, 3, ...
+fn assert_emit_seqs(evs: &[(String, Vec<u8>)]) -> u64 {
+    let seqs: Vec<u64> = evs.iter().filter_map(|(_, d)| emit_seq(&js(d))).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    seqs.len() as u64
+}
+
+/// A fresh legacy session works: 20 `emit` events exactly, then the answer.
+async fn fresh_session_works(base: &str) {
+    let (mut sse, url, first) = legacy_session(base).await;
+    assert_eq!(
+        post(
+            &url,
+            &call(2, "emit", json!({"count": 20, "size": 1000}), None)
+        )
+        .await
+        .0,
+        202
+    );
+    let mut prev = first;
+    for k in 1..=21u64 {
+        let (id, m) = sse.message().await;
+        assert_eq!(seq_of(&id), seq_of(&prev) + 1, "{m}");
+        if k <= 20 {
+            assert_eq!(emit_seq(&m), Some(k), "{m}");
+        } else {
+            assert_eq!(m["id"], 2, "{m}");
+            assert_eq!(m["result"]["content"][0]["text"], "emitted 20", "{m}");
+        }
+        prev = id;
+    }
+}
+
+/// Waits for the first store error (`mcp_resume_store_errors_total` > 0) while `sse`'s client
+/// reads everything its stream gives until it closes; the stream must close (the session's
+/// events can no longer be logged). Returns what was read and when the error was first seen.
+async fn read_until_store_error(
+    sse: &mut Sse,
+    metrics: &str,
+) -> (Vec<(String, Vec<u8>)>, tokio::time::Instant) {
+    let reader = async {
+        tokio::time::timeout(Duration::from_secs(60), drain(sse))
+            .await
+            .expect("the flooding client's stream closes")
+    };
+    let watcher = async {
+        wait_until("a store error is counted", || async {
+            metric(metrics, "mcp_resume_store_errors_total").await > 0.0
+        })
+        .await;
+        tokio::time::Instant::now()
+    };
+    tokio::join!(reader, watcher)
+}
+
+/// A full disk heals with no restart (design.md §10b "A full disk heals"). The data dir is on a
+/// 12 MiB tmpfs. Three sessions log 1.5 MiB each and end; their logs are kept for
+/// `sessions.retain_ended_secs` (20 s). 14 s later a file takes all but 256 KiB of the file
+/// system, and a fourth session floods it: `ENOSPC`, `/readyz` 503, new sessions 503
+/// `store_error`. Nobody frees any space: the file stays. When the ended sessions' logs are
+/// deleted, the segments that held them are all dead, and the degraded log must reclaim them
+/// itself; `/readyz` then returns to 200 in the same process (same pid, never exited). The
+/// flooded session's resume (its own log is kept 20 s more) then replays exactly what followed
+/// its client's cursor and the -32091 answer, and a new session works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_heals_in_process_by_reclaiming_dead_segments() {
+    const RETAIN: u64 = 20;
+    let m = Mount::tmpfs("12m");
+    let data = m.dir.join("data");
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let mut proxy = ProxyProc::start(
+        &up.sse_url(),
+        &data,
+        &[
+            (
+                "[log]",
+                // The total bound stays above what this test logs: no eviction, no trim.
+                "max_total_bytes = 8388608\nmax_bytes_per_session = 4194304\nstore_error_exit_secs = 600",
+            ),
+            ("[sessions]", &format!("retain_ended_secs = {RETAIN}")),
+        ],
+    )
+    .await;
+    let base = proxy.base();
+    let metrics = proxy.metrics_url();
+    let pid = proxy.proc.pid();
+
+    // Three sessions log 24 events of 64 KiB each, read exactly, then end.
+    let mut ended = Vec::new();
+    let mut first_end = None;
+    for _ in 0..3 {
+        let (mut sse, url, first) = legacy_session(&base).await;
+        let flood = call(2, "emit", json!({"count": 24, "size": 64 << 10}), None);
+        assert_eq!(post(&url, &flood).await.0, 202);
+        let mut prev = first.clone();
+        for k in 1..=25u64 {
+            let (id, m) = sse.message().await;
+            assert_eq!(seq_of(&id), seq_of(&prev) + 1);
+            if k <= 24 {
+                assert_eq!(emit_seq(&m), Some(k));
+            } else {
+                assert_eq!(m["result"]["content"][0]["text"], "emitted 24", "{m}");
+            }
+            prev = id;
+        }
+        post(&url, &call(3, "misbehave", json!({"kind": "close"}), None)).await;
+        // The close itself is answered -32091 (in flight when the upstream went away).
+        let rest = drain(&mut sse).await;
+        assert_eq!(rest.len(), 1, "{rest:?}");
+        assert_contiguous(&rest, seq_of(&prev) + 1);
+        assert!(is_aborted_answer(&rest[0].1, 3, None), "{rest:?}");
+        ended.push(first);
+        first_end.get_or_insert_with(tokio::time::Instant::now);
+    }
+    let (first_end, last_end) = (first_end.unwrap(), tokio::time::Instant::now());
+    wait_until("the three sessions have ended", || async {
+        metric(
+            &metrics,
+            "mcp_resume_sessions_ended_total{reason=\"upstream_lost\"}",
+        )
+        .await
+            >= 3.0
+    })
+    .await;
+
+    // Later, but well before the first ended log is due for deletion: the fourth session, then
+    // a file that leaves 256 KiB, then its flood.
+    tokio::time::sleep_until(last_end + Duration::from_secs(RETAIN - 6)).await;
+    let (mut sse, url, _) = legacy_session(&base).await;
+    let ballast = m.dir.join("ballast");
+    let fill = m.avail().saturating_sub(256 << 10);
+    std::fs::write(&ballast, vec![0u8; fill as usize]).unwrap();
+    let flood = call(
+        2,
+        "emit",
+        json!({"count": 100_000, "rate_per_sec": 0, "size": 2000}),
+        None,
+    );
+    assert_eq!(post(&url, &flood).await.0, 202);
+    let (got, failed_at) = read_until_store_error(&mut sse, &metrics).await;
+    // (`retain_ended_secs` counts whole seconds: a log may go up to a second early.)
+    assert!(
+        failed_at + Duration::from_secs(2) < first_end + Duration::from_secs(RETAIN),
+        "the disk filled {:?} after the first session ended, when its log may already have \
+         gone (sessions.retain_ended_secs = {RETAIN}): the setup was too slow for this test",
+        failed_at - first_end
+    );
+    assert!(!got.is_empty());
+    assert_contiguous(&got, 2);
+    wait_until("/readyz answers 503", || async {
+        readyz(&proxy).await == 503
+    })
+    .await;
+    let (s, _, body) = request("GET", &format!("{base}/sse"), &[], "").await;
+    assert_eq!(s, 503, "a new session while the disk is full: {body}");
+    assert_eq!(
+        js(body.as_bytes())["error"]["data"]["reason"],
+        "store_error"
+    );
+
+    // The test frees nothing: the log must find the space itself, once the ended sessions' logs
+    // are deleted (their retention, the janitor's second, the degraded log's retry).
+    let due = last_end + Duration::from_secs(RETAIN);
+    let deadline = due + Duration::from_secs(10);
+    while readyz(&proxy).await != 200 {
+        if let Some(s) = proxy.proc.child.try_wait().unwrap() {
+            panic!("the proxy exited ({s}) instead of healing");
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz is still {} {:?} after the disk filled, {:?} after the ended sessions' \
+             logs were due for deletion; nothing was reclaimed (df: {} B free)",
+            readyz(&proxy).await,
+            failed_at.elapsed(),
+            tokio::time::Instant::now().saturating_duration_since(due),
+            m.avail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "ready again {:?} after the disk filled; {} B free",
+        failed_at.elapsed(),
+        m.avail()
+    );
+    assert_eq!(
+        std::fs::metadata(&ballast).unwrap().len(),
+        fill,
+        "the ballast is untouched"
+    );
+    assert!(proxy.proc.child.try_wait().unwrap().is_none());
+    assert_eq!(proxy.proc.pid(), pid);
+
+    // The ended sessions are gone (their logs were deleted: that is the space the log found);
+    // the flooded one ends exactly.
+    for first in &ended {
+        let (s, _, body) = request(
+            "GET",
+            &format!("{base}/sse"),
+            &[("last-event-id", first)],
+            "",
+        )
+        .await;
+        assert_eq!(s, 404, "resume of a deleted session from {first}: {body}");
+    }
+    let rest = rest_after_store_error(&base, &got, 2, Some("store_error")).await;
+    let all: Vec<_> = got.iter().chain(&rest).cloned().collect();
+    assert!(assert_emit_seqs(&all) > 0);
+    fresh_session_works(&base).await;
+    assert!(proxy.proc.child.try_wait().unwrap().is_none());
+    assert_eq!(proxy.proc.pid(), pid, "healed in the same process");
+}
+
+/// A disk that stays full (design.md §10b, `log.store_error_exit_secs`): the data dir is on an
+/// 8 MiB tmpfs, a file takes all but 1 MiB and is never freed while the proxy runs, a session
+/// floods it. With `store_error_exit_secs = 3` the degraded proxy exits with 74 (`EX_IOERR`) after
+/// about 3 s (not before 2 s, within 15 s of the first store error). Then the space is freed and
+/// the proxy restarted: nothing its client was given is lost — the resume replays exactly what
+/// followed the client's cursor, then the -32091 answer to the in-flight request, and a replay
+/// from the start serves every event the client was given, byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_that_stays_full_exits_74_after_store_error_exit_secs() {
+    const EXIT_SECS: u64 = 3;
+    let m = Mount::tmpfs("8m");
+    let data = m.dir.join("data");
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let exit_key = format!("store_error_exit_secs = {EXIT_SECS}");
+    let extra = [("[log]", exit_key.as_str())];
+    let mut proxy = ProxyProc::start(&up.sse_url(), &data, &extra).await;
+    let base = proxy.base();
+    let metrics = proxy.metrics_url();
+    let (mut sse, url, first) = legacy_session(&base).await;
+    let ballast = m.dir.join("ballast");
+    let fill = m.avail().saturating_sub(1 << 20);
+    std::fs::write(&ballast, vec![0u8; fill as usize]).unwrap();
+    let flood = call(
+        2,
+        "emit",
+        json!({"count": 100_000, "rate_per_sec": 0, "size": 2000}),
+        None,
+    );
+    assert_eq!(post(&url, &flood).await.0, 202);
+    let (got, failed_at) = read_until_store_error(&mut sse, &metrics).await;
+    assert!(!got.is_empty());
+    assert_contiguous(&got, 2);
+
+    let deadline = failed_at + Duration::from_secs(EXIT_SECS + 12);
+    let status = loop {
+        if let Some(s) = proxy.proc.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still running {:?} after the first store error (log.store_error_exit_secs = \
+             {EXIT_SECS}); /readyz {}",
+            failed_at.elapsed(),
+            readyz(&proxy).await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let after = failed_at.elapsed();
+    println!("exited {status} {after:?} after the first store error");
+    assert_eq!(status.code(), Some(74), "exit status {status}");
+    assert!(
+        after >= Duration::from_secs(EXIT_SECS - 1),
+        "exited {after:?} after the first store error, before log.store_error_exit_secs = {EXIT_SECS}"
+    );
+
+    // Space returns (the operator, or the restarted pod's fresh node); a restart recovers.
+    std::fs::remove_file(&ballast).unwrap();
+    let proxy = ProxyProc::start(&up.sse_url(), &data, &extra).await;
+    let base = proxy.base();
+    let rest = rest_after_store_error(&base, &got, 2, None).await;
+    let given: Vec<_> = got.iter().chain(&rest).cloned().collect();
+    assert!(assert_emit_seqs(&given) > 0);
+    let (mut replay, err) = Sse::get(&format!("{base}/sse"), &[("last-event-id", &first)]).await;
+    assert!(err.is_none(), "{err:?}");
+    let history = drain(&mut replay).await;
+    assert_eq!(history, given, "the log serves what the client was given");
+    fresh_session_works(&base).await;
 }
