@@ -1054,3 +1054,94 @@ async fn a_disk_that_stays_full_exits_74_after_store_error_exit_secs() {
     assert_eq!(history, given, "the log serves what the client was given");
     fresh_session_works(&base).await;
 }
+
+/// Every directory and file under `dir` (and `dir` itself) as (path, mode bits); files that
+/// vanish while it walks (compaction deletes segments) are left out.
+fn modes(dir: &Path) -> Vec<(PathBuf, u32, bool)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&d) else {
+            continue;
+        };
+        out.push((d.clone(), meta.permissions().mode() & 0o7777, true));
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(meta) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if meta.is_dir() {
+                todo.push(e.path());
+            } else {
+                out.push((e.path(), meta.permissions().mode() & 0o7777, false));
+            }
+        }
+    }
+    out
+}
+
+/// The data dir and everything in it are private to the proxy's user (design.md §10b "Files are
+/// private"): checked while sessions are logged, rotated, trimmed and ended, and after a clean
+/// stop: the data dir (created by the proxy) and any directory in it 0700, every file — segments
+/// (`*.seg`) and whatever else the log writes — 0600. The test runs the proxy with the harness's
+/// umask (usually 022), so modes left to the umask would show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_data_dir_and_its_files_are_private() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let mut proxy = ProxyProc::start(
+        &up.sse_url(),
+        &data,
+        &[(
+            "[log]",
+            "max_total_bytes = 2097152\nmax_bytes_per_session = 1048576",
+        )],
+    )
+    .await;
+    let base = proxy.base();
+    let check = |when: &str| {
+        let all = modes(&data);
+        let bad: Vec<_> = all
+            .iter()
+            .filter(|(_, mode, is_dir)| *mode != if *is_dir { 0o700 } else { 0o600 })
+            .map(|(p, mode, is_dir)| {
+                format!(
+                    "{} {:o} (want {:o})",
+                    p.display(),
+                    mode,
+                    if *is_dir { 0o700 } else { 0o600 }
+                )
+            })
+            .collect();
+        assert!(bad.is_empty(), "{when}: not private: {bad:?}");
+        let segs = all
+            .iter()
+            .filter(|(p, _, _)| p.extension().is_some_and(|e| e == "seg"))
+            .count();
+        assert!(segs > 0, "{when}: no segment in {all:?}");
+        println!("{when}: {} entries private, {segs} segments", all.len());
+    };
+    // Sessions log 3 MiB each (segments rotate, the bounds trim, compaction runs) and end.
+    for _ in 0..2 {
+        let (mut sse, url, _) = legacy_session(&base).await;
+        let flood = call(2, "emit", json!({"count": 48, "size": 64 << 10}), None);
+        assert_eq!(post(&url, &flood).await.0, 202);
+        // To the flood's answer, or to the stream's close if the bound trimmed past the reader.
+        while let Some(ev) = sse.next().await {
+            if ev.event.as_deref() == Some("message") && ev.json()["id"] == 2 {
+                break;
+            }
+        }
+        check("while running");
+        post(&url, &call(3, "misbehave", json!({"kind": "close"}), None)).await;
+        drain(&mut sse).await;
+    }
+    check("sessions ended");
+    proxy.proc.signal("TERM");
+    assert_eq!(proxy.proc.wait(), Some(0));
+    check("after a clean stop");
+}
