@@ -966,18 +966,20 @@ async fn a_full_disk_heals_in_process_by_reclaiming_dead_segments() {
     assert!(proxy.proc.child.try_wait().unwrap().is_none());
     assert_eq!(proxy.proc.pid(), pid);
 
-    // The ended sessions are gone (their logs were deleted: that is the space the log found);
-    // the flooded one ends exactly.
-    for first in &ended {
-        let (s, _, body) = request(
-            "GET",
-            &format!("{base}/sse"),
-            &[("last-event-id", first)],
-            "",
-        )
-        .await;
-        assert_eq!(s, 404, "resume of a deleted session from {first}: {body}");
-    }
+    // What made the room: the first ended session's log is gone (the others may follow it a
+    // little later). The flooded session ends exactly.
+    let (s, _, body) = request(
+        "GET",
+        &format!("{base}/sse"),
+        &[("last-event-id", &ended[0])],
+        "",
+    )
+    .await;
+    assert_eq!(
+        s, 404,
+        "resume of the first ended session, from {}: {body}",
+        ended[0]
+    );
     let rest = rest_after_store_error(&base, &got, 2, Some("store_error")).await;
     let all: Vec<_> = got.iter().chain(&rest).cloned().collect();
     assert!(assert_emit_seqs(&all) > 0);

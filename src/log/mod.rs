@@ -886,14 +886,7 @@ impl Log {
         }
         let (failures_tx, failures_rx) = mpsc::unbounded_channel();
         let fs: Arc<dyn io::Dir> = Arc::new(io::OsDir::new(&dir));
-        let store = Arc::new(Store::new(
-            cfg,
-            metrics,
-            fs,
-            keys,
-            Some(lock),
-            failures_tx,
-        ));
+        let store = Arc::new(Store::new(cfg, metrics, fs, keys, Some(lock), failures_tx));
         store.metrics.store_damage.inc_by(img.damaged);
         let (rec, interrupted, state) = writer::recover(&store, img)?;
         let (tx, rx) = mpsc::channel(4096);

@@ -846,7 +846,10 @@ impl Writer {
             self.compaction = None;
         }
         for id in dead {
-            tracing::info!(segment = id, "out of space: deleting a segment whose records are all dead");
+            tracing::info!(
+                segment = id,
+                "out of space: deleting a segment whose records are all dead"
+            );
             self.delete_segment(id);
         }
     }
@@ -1558,7 +1561,9 @@ impl Writer {
                         }
                         block = big;
                     }
-                    Err(record::FrameError::Short { need }) if off + ((pos + need) as u64) <= len => {
+                    Err(record::FrameError::Short { need })
+                        if off + ((pos + need) as u64) <= len =>
+                    {
                         // The rest of this record is in the next block.
                         break;
                     }
@@ -1646,7 +1651,9 @@ impl Writer {
                     dead.push(l);
                 }
                 if let Some(stream) = log.inflight_stream(&r) {
-                    self.st.internal.push(Internal::Inflight(log.clone(), r, stream));
+                    self.st
+                        .internal
+                        .push(Internal::Inflight(log.clone(), r, stream));
                 }
             }
             for l in dead {
