@@ -97,7 +97,10 @@ CONFIG_KEYS = {
     ],
     "legacy": ["sse_path", "message_path"],
     "streamable": ["path", "allowed_origins"],
-    "log": ["dir", "durability", "max_events_per_session", "max_bytes_per_session", "max_total_bytes"],
+    "log": [
+        "dir", "durability", "max_events_per_session", "max_bytes_per_session", "max_total_bytes",
+        "store_error_exit_secs",
+    ],
     "sessions": [
         "idle_ttl_secs", "retain_ended_secs", "max_sessions", "keepalive_secs", "max_per_identity", "unused_ttl_secs",
     ],
@@ -136,6 +139,7 @@ CONFIG_DEFAULTS = {
         "max_events_per_session": 10000,
         "max_bytes_per_session": 67108864,
         "max_total_bytes": 1073741824,
+        "store_error_exit_secs": 60,
     },
     "sessions": {
         "idle_ttl_secs": 300,
