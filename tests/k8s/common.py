@@ -4,7 +4,8 @@ The metric names, types and labels below are design.md §7's fixed contract, plu
 additions (src/metrics.rs): `mcp_resume_log_max_bytes` (the configured `log.max_total_bytes`,
 exported so alerts can use a ratio), `mcp_resume_log_disk_bytes` (the log's segment files on
 disk), `mcp_resume_store_errors_total` (design.md §10: failed writes, syncs or file operations of
-the log), `mcp_resume_dropped_total`, the security counters of design.md §11
+the log), `mcp_resume_store_damage_total` (design.md §10b: damaged records found in the log),
+`mcp_resume_dropped_total`, the security counters of design.md §11
 (`mcp_resume_requests_rejected_total`, `mcp_resume_auth_rejected_total`) and the 2026-07-28 face's
 of §12 (`mcp_resume_tasks_total`, `mcp_resume_upstream_pool_sessions`). When ../shared/design.md
 is present, `design_metrics()` reads the table and the checks compare it with this copy, so the
@@ -41,13 +42,15 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
     "mcp_resume_client_streams_active": ("gauge", ("facade",)),
 }
 # Not in design.md §7's table: the configured bound of mcp_resume_log_bytes, the log's bytes on
-# disk (live records, dead ones not yet compacted, headers), the storage failures of §10, messages
+# disk (live records, dead ones not yet compacted, headers), the storage failures of §10, the
+# damaged records of §10b, messages
 # that could not be delivered, the refusals of §11 (before any session was looked at; a session of
 # another identity or face), and the tasks and upstream pool of §12.
 EXTRA_METRICS = {
     "mcp_resume_log_max_bytes": ("gauge", ()),
     "mcp_resume_log_disk_bytes": ("gauge", ()),
     "mcp_resume_store_errors_total": ("counter", ()),
+    "mcp_resume_store_damage_total": ("counter", ()),
     "mcp_resume_dropped_total": ("counter", ("reason",)),
     "mcp_resume_requests_rejected_total": ("counter", ("reason",)),
     "mcp_resume_auth_rejected_total": ("counter", ("facade",)),
@@ -97,7 +100,10 @@ CONFIG_KEYS = {
     ],
     "legacy": ["sse_path", "message_path"],
     "streamable": ["path", "allowed_origins"],
-    "log": ["dir", "durability", "max_events_per_session", "max_bytes_per_session", "max_total_bytes"],
+    "log": [
+        "dir", "durability", "max_events_per_session", "max_bytes_per_session", "max_total_bytes",
+        "store_error_exit_secs",
+    ],
     "sessions": [
         "idle_ttl_secs", "retain_ended_secs", "max_sessions", "keepalive_secs", "max_per_identity", "unused_ttl_secs",
     ],
@@ -136,6 +142,7 @@ CONFIG_DEFAULTS = {
         "max_events_per_session": 10000,
         "max_bytes_per_session": 67108864,
         "max_total_bytes": 1073741824,
+        "store_error_exit_secs": 60,
     },
     "sessions": {
         "idle_ttl_secs": 300,
@@ -242,10 +249,11 @@ _PROMQL_KEYWORDS = {
 
 def promql_metric_names(expr: str) -> set[str]:
     """Metric names an expression selects (a lexical scan: strings, label matchers, ranges,
-    grouping clauses and function calls removed; what is left as an identifier is a metric)."""
+    offsets, grouping clauses and function calls removed; what is left as an identifier is a metric)."""
     s = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', '""', expr)
     s = re.sub(r"\{[^}]*\}", " ", s)
     s = re.sub(r"\[[^\]]*\]", " ", s)
+    s = re.sub(r"\boffset\s+-?[0-9][0-9a-z]*", " ", s)  # `offset 10m`: a duration, not a metric
     s = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", s)
     names = set()
     for m in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", s):

@@ -37,6 +37,7 @@ REQUIRED_TOPICS = {
     "log bytes": "mcp_resume_log_bytes",
     "log bytes on disk": "mcp_resume_log_disk_bytes",
     "store errors": "mcp_resume_store_errors_total",
+    "damaged log records": "mcp_resume_store_damage_total",
     "upstream errors": "mcp_resume_upstream_errors_total",
     "undeliverable messages": "mcp_resume_dropped_total",
     "sessions of another identity or face": "mcp_resume_auth_rejected_total",

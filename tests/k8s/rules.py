@@ -20,6 +20,7 @@ EXPECTED_ALERTS = {
     "McpResumeInflightAborted": "mcp_resume_inflight_aborted_total",
     "McpResumeLogNearBound": "mcp_resume_log_max_bytes",
     "McpResumeStoreErrors": "mcp_resume_store_errors_total",
+    "McpResumeStoreDamage": "mcp_resume_store_damage_total",
     "McpResumeTasksFailed": "mcp_resume_tasks_total",
     "McpResumeNoReadyReplicas": "up",
 }

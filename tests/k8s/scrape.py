@@ -3,10 +3,11 @@
     python scrape.py METRICS.txt MAX_TOTAL_BYTES
 
 Every fixed family of design.md §7 and the proxy's additions (common.py EXTRA_METRICS: log bound
-and bytes on disk, store errors, dropped messages, security refusals, tasks, upstream pool) is
+and bytes on disk, store errors, damaged records, dropped messages, security refusals, tasks, upstream pool) is
 exported with its type and label names; labelled families export their known label values from the start (so rates and alerts have
 a series at 0 before the first event); mcp_resume_log_max_bytes is the configured
-log.max_total_bytes; a fresh data dir has no store errors and its open segment on disk.
+log.max_total_bytes; a fresh data dir has no store errors, no damaged records and its open segment
+on disk.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ def main(path: str, max_total_bytes: str) -> int:
     c.eq(bound, [float(max_total_bytes)], "mcp_resume_log_max_bytes is log.max_total_bytes")
     errors = [s[2] for s in samples if s[0] == "mcp_resume_store_errors_total"]
     c.eq(errors, [0.0], "mcp_resume_store_errors_total is 0 on a fresh data dir")
+    damage = [s[2] for s in samples if s[0] == "mcp_resume_store_damage_total"]
+    c.eq(damage, [0.0], "mcp_resume_store_damage_total is 0 on a fresh data dir")
     disk = [s[2] for s in samples if s[0] == "mcp_resume_log_disk_bytes"]
     live = [s[2] for s in samples if s[0] == "mcp_resume_log_bytes"]
     c.check(len(disk) == 1 and len(live) == 1 and disk[0] > 0 and disk[0] >= live[0],
