@@ -729,6 +729,14 @@ mod tests {
                 "sessions.keepalive_secs",
             ),
             ("[log]\nmax_total_bytes = 10\n", "log.max_total_bytes"),
+            (
+                "[log]\nstore_error_exit_secs = 0\n",
+                "log.store_error_exit_secs",
+            ),
+            (
+                "[upstream]\nmax_event_bytes = 300000000\n",
+                "upstream.max_event_bytes",
+            ),
             ("[streamable]\npath = \"/sse\"\n", "streamable.path"),
             (
                 "[listen]\nbody_timeout_secs = 0\n",

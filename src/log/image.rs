@@ -475,6 +475,39 @@ mod tests {
         record::chunk(out, s, first, &[], &b.finish());
     }
 
+    /// Review finding: a chunk copied forward by compaction (its `completes` replayed again)
+    /// ended the in-flight record of a later request that reused the id.
+    #[test]
+    fn a_copied_answer_does_not_end_a_later_request_with_its_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = SessionId([1; 16]);
+        let answer = |out: &mut Vec<u8>| {
+            let mut b = record::ChunkBuilder::default();
+            b.push(1, Kind::Final, StreamTag::LEGACY, b"{\"id\":7}");
+            record::chunk(out, &a, 1, &["7".to_string()], &b.finish());
+        };
+        let mut s1 = record::segment_header(1).to_vec();
+        record::meta(&mut s1, &a, &meta_json(vec![]));
+        record::inflight(&mut s1, &a, StreamTag::LEGACY, 0, "7");
+        answer(&mut s1);
+        let mut s2 = record::segment_header(2).to_vec();
+        // The client reuses id 7 after its answer (head 1 at registration).
+        record::inflight(&mut s2, &a, StreamTag::LEGACY, 1, "7");
+        let mut s3 = record::segment_header(3).to_vec();
+        answer(&mut s3); // compaction's copy of the answer
+        for (id, seg) in [(1, &s1), (2, &s2), (3, &s3)] {
+            std::fs::write(dir.path().join(segment::file_name(id)), seg).unwrap();
+        }
+        let img = Image::scan(dir.path()).unwrap();
+        let inflight = &img.sessions[&a].inflight;
+        assert_eq!(
+            inflight.len(),
+            1,
+            "the second request 7 is still owed an answer"
+        );
+        assert_eq!(inflight["7"].registered_at, 1);
+    }
+
     #[test]
     fn seqs_near_u64_max_are_damage_not_a_panic() {
         // Found by fuzzing (fuzz/corpus/log_image/regression-seq-overflow): a well-framed chunk

@@ -143,6 +143,30 @@ struct FsState {
     injected: u64,
     /// Syncs that lied.
     lies: u64,
+    /// Failures a test asks for, in order: the next call of that kind fails with that errno.
+    forced: std::collections::VecDeque<(Call, i32)>,
+}
+
+/// A kind of file-system call (to fail one on purpose).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    Write,
+    Sync,
+    Truncate,
+    Create,
+    Remove,
+    DirSync,
+}
+
+/// What a power loss keeps of the writes not synced.
+#[derive(Clone, Copy, Debug)]
+pub enum Loss {
+    /// The dice decide (none, a torn prefix, or any sectors).
+    Random,
+    /// Nothing.
+    All,
+    /// The first this many bytes written since the last sync, in order.
+    KeepBytes(usize),
 }
 
 impl FsState {
@@ -154,7 +178,11 @@ impl FsState {
     }
 
     /// Fails the call now? (EIO, or ENOSPC where `space` is true and the dice say so.)
-    fn fail(&mut self, space: bool) -> Option<io::Error> {
+    fn fail(&mut self, call: Call, space: bool) -> Option<io::Error> {
+        if self.forced.front().is_some_and(|(c, _)| *c == call) {
+            let (_, errno) = self.forced.pop_front().expect("front");
+            return Some(io::Error::from_raw_os_error(errno));
+        }
         if !self.rng.ppm(self.faults.fail_ppm) {
             return None;
         }
@@ -191,6 +219,7 @@ impl SimFs {
                 faults: Faults::default(),
                 injected: 0,
                 lies: 0,
+                forced: Default::default(),
             })),
             path: PathBuf::from("/sim"),
         }
@@ -228,10 +257,53 @@ impl SimFs {
 
     /// A power loss: the directory keeps a prefix of its unsynced operations; each file keeps
     /// what was synced and, by the dice, none, a torn prefix, or any sectors of what was not.
+    /// The next `call` fails with `errno`.
+    pub fn fail_next(&self, call: Call, errno: i32) {
+        self.st.lock().unwrap().forced.push_back((call, errno));
+    }
+
+    /// Writes and cuts of `name` not yet synced.
+    pub fn pending(&self, name: &str) -> usize {
+        let st = self.st.lock().unwrap();
+        st.files
+            .get(name)
+            .map_or(0, |f| f.lock().unwrap().pending.len())
+    }
+
+    /// The segment file and offset where `needle` first occurs (in what reads see).
+    pub fn find(&self, needle: &[u8]) -> Option<(String, usize)> {
+        let st = self.st.lock().unwrap();
+        st.files.iter().find_map(|(n, f)| {
+            let f = f.lock().unwrap();
+            f.data
+                .windows(needle.len())
+                .position(|w| w == needle)
+                .map(|at| (n.clone(), at))
+        })
+    }
+
+    /// Flips the low bit of byte `at` of `name`, synced or not.
+    pub fn flip_at(&self, name: &str, at: usize) {
+        let st = self.st.lock().unwrap();
+        let mut f = st.files[name].lock().unwrap();
+        f.data[at] ^= 1;
+        if at < f.durable.len() {
+            f.durable[at] ^= 1;
+        }
+    }
+
     pub fn power_loss(&self) {
+        self.power_loss_with(Loss::Random);
+    }
+
+    pub fn power_loss_with(&self, loss: Loss) {
         let mut st = self.st.lock().unwrap();
         let n_dir = st.dir_pending.len() as u64;
-        let keep_dir = st.rng.below(n_dir + 1) as usize;
+        let keep_dir = match loss {
+            Loss::Random => st.rng.below(n_dir + 1) as usize,
+            Loss::All => 0,
+            Loss::KeepBytes(_) => n_dir as usize,
+        };
         let ops: Vec<DirOp> = st.dir_pending.drain(..).collect();
         for op in &ops[..keep_dir] {
             match op {
@@ -248,8 +320,25 @@ impl SimFs {
             let mut f = f.lock().unwrap();
             let mut out = f.durable.clone();
             let pending = std::mem::take(&mut f.pending);
-            match st.rng.below(3) {
-                0 => {}
+            let mode = match loss {
+                Loss::Random => st.rng.below(3),
+                Loss::All => 0,
+                Loss::KeepBytes(mut left) => {
+                    for p in &pending {
+                        match p {
+                            Pend::Write(off, bytes) => {
+                                let n = bytes.len().min(left);
+                                apply(&mut out, &Pend::Write(*off, bytes[..n].to_vec()));
+                                left -= n;
+                            }
+                            t => apply(&mut out, t),
+                        }
+                    }
+                    3
+                }
+            };
+            match mode {
+                0 | 3 => {}
                 1 => {
                     let n = st.rng.below(pending.len() as u64 + 1) as usize;
                     for (i, p) in pending.iter().take(n).enumerate() {
@@ -384,7 +473,7 @@ impl SegFile for SimFile {
                 (fit as usize).min(buf.len()),
                 Some(io::Error::from_raw_os_error(28)),
             )
-        } else if let Some(e) = st.fail(true) {
+        } else if let Some(e) = st.fail(Call::Write, true) {
             (st.rng.below(buf.len() as u64 + 1) as usize, Some(e))
         } else {
             (buf.len(), None)
@@ -401,7 +490,7 @@ impl SegFile for SimFile {
     fn sync_data(&self) -> io::Result<()> {
         let mut st = self.fs.lock().unwrap();
         let mut f = self.file.lock().unwrap();
-        if let Some(e) = st.fail(true) {
+        if let Some(e) = st.fail(Call::Sync, true) {
             // fsyncgate: what was pending may or may not be on disk; a later sync will not
             // write it again. Model: some of it went, the rest is lost at the next power loss
             // unless it happens to be written again.
@@ -430,7 +519,7 @@ impl SegFile for SimFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         let mut st = self.fs.lock().unwrap();
-        if let Some(e) = st.fail(false) {
+        if let Some(e) = st.fail(Call::Truncate, false) {
             return Err(e);
         }
         let mut f = self.file.lock().unwrap();
@@ -468,7 +557,7 @@ impl Dir for SimFs {
         if st.files.contains_key(name) {
             return Err(io::Error::from(io::ErrorKind::AlreadyExists));
         }
-        if let Some(e) = st.fail(true) {
+        if let Some(e) = st.fail(Call::Create, true) {
             return Err(e);
         }
         let file = Arc::new(Mutex::new(FileState::default()));
@@ -486,7 +575,7 @@ impl Dir for SimFs {
         if !st.files.contains_key(name) {
             return Err(io::Error::from(io::ErrorKind::NotFound));
         }
-        if let Some(e) = st.fail(false) {
+        if let Some(e) = st.fail(Call::Remove, false) {
             return Err(e);
         }
         st.files.remove(name);
@@ -496,7 +585,7 @@ impl Dir for SimFs {
 
     fn sync(&self) -> io::Result<()> {
         let mut st = self.st.lock().unwrap();
-        if let Some(e) = st.fail(false) {
+        if let Some(e) = st.fail(Call::DirSync, false) {
             return Err(e);
         }
         for op in std::mem::take(&mut st.dir_pending) {
@@ -1411,7 +1500,9 @@ impl Sim {
         let live = self.live_sessions();
         let roll = self.rng.below(1000);
         match roll {
-            0..=59 if live.len() < 12 => self.create(),
+            0..=59 if live.len() < 12 => {
+                self.create();
+            }
             0..=519 => {
                 if let Some(id) = self.pick(&live) {
                     self.append(id);
@@ -1515,10 +1606,8 @@ impl Sim {
             .is_some_and(|s| *s.health.borrow() == Health::Failed)
     }
 
-    fn create(&mut self) {
-        let Some(store) = self.store.as_ref() else {
-            return;
-        };
+    fn create(&mut self) -> Option<SessionId> {
+        let store = self.store.as_ref()?;
         let mut b = [0u8; 16];
         b[..8].copy_from_slice(&self.rng.next().to_be_bytes());
         b[8..].copy_from_slice(&self.rng.next().to_be_bytes());
@@ -1539,6 +1628,7 @@ impl Sim {
             },
         );
         self.rep.sessions += 1;
+        Some(id)
     }
 
     fn append(&mut self, id: SessionId) {
@@ -1706,6 +1796,7 @@ pub fn run(p: &Profile) -> Report {
 
 #[cfg(test)]
 mod tests {
+    use super::super::record;
     use super::*;
 
     fn env_u64(name: &str, default: u64) -> u64 {
@@ -1746,6 +1837,320 @@ mod tests {
         let b = run_seed(42, 400);
         assert_eq!(a, b);
         assert!(a.turns > 400 && a.events_read > 0);
+    }
+
+    // === one test per finding of issue 15, each over the simulated file system ===
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    }
+
+    /// A simulator without random faults, generous limits, small segments.
+    fn manual(durability: Durability) -> Sim {
+        let mut sim = Sim::new(1);
+        sim.cfg.durability = durability;
+        sim.cfg.max_events_per_session = 10_000;
+        sim.cfg.max_bytes_per_session = 1 << 30;
+        sim.cfg.max_total_bytes = 1 << 30;
+        sim.seg_size = 1 << 30;
+        sim.fs.set_faults(Faults::default());
+        sim
+    }
+
+    fn send(sim: &mut Sim, id: SessionId, payload: &str) {
+        let log = sim.sessions[&id].log.clone().unwrap();
+        let ev = NewEvent::new(
+            StreamTag::LEGACY,
+            Kind::Message,
+            Bytes::from(payload.to_owned()),
+        );
+        sim.ops.push(Op::Append {
+            log,
+            evs: vec![ev],
+            done: None,
+            _permit: None,
+        });
+    }
+
+    fn log_of(sim: &Sim, id: SessionId) -> Option<Arc<SessionLog>> {
+        sim.store().lock_logs().get(&id).cloned()
+    }
+
+    fn payloads(log: &SessionLog) -> Vec<(u32, u64, String)> {
+        read_after(log, 0, usize::MAX)
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let p = String::from_utf8_lossy(&e.payload).into_owned();
+                (e.epoch, e.seq, p)
+            })
+            .collect()
+    }
+
+    async fn restart(sim: &mut Sim, loss: Loss) {
+        sim.stop_process();
+        sim.fs.power_loss_with(loss);
+        sim.start().await;
+    }
+
+    fn cursor(id: SessionId, epoch: u32, seq: u64) -> Cursor {
+        Cursor {
+            session: id,
+            epoch,
+            seq,
+        }
+    }
+
+    /// Finding: "a flipped bit cuts acknowledged events silently" — a bad record in the newest
+    /// segment's synced part was a torn tail: the fsync-acknowledged records after it (of every
+    /// session) were cut, nothing was counted or sealed, and ids were reused.
+    #[test]
+    fn a_flipped_bit_in_synced_data_is_damage_not_a_torn_tail() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.start().await;
+            let (a, b) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            for i in 0..30 {
+                send(&mut sim, a, &format!("a-{i:02}"));
+                send(&mut sim, b, &format!("b-{i:02}"));
+                sim.turn().await;
+            }
+            let (name, at) = sim.fs.find(b"a-09").unwrap();
+            sim.fs.flip_at(&name, at + 2);
+            sim.excused.insert(a);
+            restart(&mut sim, Loss::All).await;
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+            assert_eq!(sim.rep.damage_found, 1, "counted");
+            let lb = log_of(&sim, b).unwrap();
+            let got: Vec<String> = payloads(&lb)
+                .into_iter()
+                .map(|(_, _, p)| p)
+                .take(30)
+                .collect();
+            let want: Vec<String> = (0..30).map(|i| format!("b-{i:02}")).collect();
+            assert_eq!(got, want, "the other session lost nothing");
+            let la = log_of(&sim, a).unwrap();
+            let r = la.ranges();
+            assert_eq!(r.oldest, 11, "nothing up to the damaged event is served");
+            assert!(r.head >= 30 && r.epochs.len() == 2, "sealed: {r:?}");
+            assert_eq!(
+                check_resume(&cursor(a, 1, 5), &r, false),
+                Err(Refusal::CursorTrimmed)
+            );
+            assert_eq!(check_resume(&cursor(a, 1, 29), &r, false), Ok(29));
+            let ids: Vec<u64> = payloads(&la).iter().map(|(_, q, _)| *q).collect();
+            assert_eq!(ids[0], 11);
+        });
+    }
+
+    /// Finding: "one corrupt record in the oldest segment stops compaction forever and spins the
+    /// writer": compaction skips the damage (its session loses what is up to it), deletes the
+    /// segment and goes on; the writer never spins.
+    #[test]
+    fn damage_in_the_oldest_segment_neither_stops_compaction_nor_spins() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 192 << 10;
+            sim.cfg.max_events_per_session = 50;
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            let (a, b) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            send(&mut sim, a, "a-kept-early");
+            send(&mut sim, a, "a-kept-late");
+            sim.turn().await;
+            send(&mut sim, a, "a-after");
+            sim.turn().await;
+            let (name, at) = sim.fs.find(b"a-kept-early").unwrap();
+            sim.fs.flip_at(&name, at);
+            let mut deleted = false;
+            for i in 0..3000 {
+                send(&mut sim, b, &format!("b-{i}-{}", "x".repeat(200)));
+                sim.turn().await;
+                if sim.fs.list().unwrap().iter().all(|n| *n != name) {
+                    deleted = true;
+                    break;
+                }
+            }
+            assert!(deleted, "compaction went past the damaged record");
+            assert_eq!(sim.store().metrics.store_damage.get(), 1);
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+            let la = log_of(&sim, a).unwrap();
+            assert_eq!(
+                la.ranges().oldest,
+                3,
+                "the damaged chunk and what was before it go"
+            );
+            assert_eq!(payloads(&la), vec![(1, 3, "a-after".to_string())]);
+            assert_eq!(*sim.store().health.borrow(), Health::Ok);
+        });
+    }
+
+    /// Finding: "an end and a remove of one session in the same turn resurrect it".
+    #[test]
+    fn an_end_and_a_remove_in_one_turn_stay_removed() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            send(&mut sim, a, "a-1");
+            sim.turn().await;
+            let log = log_of(&sim, a).unwrap();
+            sim.push_end(&log, EndReason::TaskFinished, Vec::new());
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: a, done });
+            sim.turn().await;
+            assert!(log_of(&sim, a).is_none(), "gone in memory");
+            restart(&mut sim, Loss::All).await;
+            assert!(log_of(&sim, a).is_none(), "gone after a restart");
+        });
+    }
+
+    /// Finding: "relaxed mode: a task's outcome flips" — its final record was never synced:
+    /// `completed`, then `failed -32091` after a power loss. Ends are durable in both modes.
+    #[test]
+    fn relaxed_a_final_answer_survives_a_power_loss() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Relaxed);
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            send(&mut sim, a, "a-progress");
+            let log = log_of(&sim, a).unwrap();
+            let ev = NewEvent::new(
+                StreamTag::LEGACY,
+                Kind::Final,
+                Bytes::from_static(b"{\"id\":\"task\",\"result\":\"completed\"}"),
+            );
+            sim.push_end(&log, EndReason::TaskFinished, vec![ev]);
+            sim.turn().await;
+            restart(&mut sim, Loss::All).await;
+            let log = log_of(&sim, a).expect("kept");
+            assert_eq!(log.ended(), Some(EndReason::TaskFinished));
+            let p: Vec<String> = payloads(&log).into_iter().map(|(_, _, p)| p).collect();
+            assert_eq!(p[0], "a-progress");
+            assert!(p[1].contains("completed"), "{p:?}");
+        });
+    }
+
+    /// Finding: "ENOSPC from fdatasync is treated as recoverable" — what it covered is unknown
+    /// (fsyncgate): the log fails for good.
+    #[test]
+    fn out_of_space_from_fdatasync_is_fatal() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            sim.fs.fail_next(Call::Sync, 28);
+            send(&mut sim, a, "a-1");
+            sim.turn().await;
+            assert_eq!(*sim.store().health.borrow(), Health::Failed);
+        });
+    }
+
+    /// Finding: "the cut of a failed write is not synced before its seqs are reused".
+    #[test]
+    fn the_cut_of_a_failed_write_is_synced() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Relaxed);
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            send(&mut sim, a, "a-1");
+            sim.turn().await;
+            sim.fs.fail_next(Call::Write, 28);
+            send(&mut sim, a, "a-2");
+            sim.turn().await;
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            let active = sim
+                .fs
+                .list()
+                .unwrap()
+                .into_iter()
+                .filter(|n| n.ends_with(".seg"))
+                .max()
+                .unwrap();
+            assert_eq!(sim.fs.pending(&active), 0, "cut and synced");
+        });
+    }
+
+    /// Finding: "ids reused after two crashes" — recovery after a relaxed crash wrote this run's
+    /// open record before the metas that carry the seal; a power cut that kept the open record
+    /// and lost the seal made the next start skip sealing and reuse ids clients held.
+    #[test]
+    fn ids_are_not_reused_after_a_crash_during_recovery() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Relaxed);
+            sim.start().await;
+            let a = sim.create().unwrap();
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Flush { done });
+            sim.turn().await;
+            for i in 1..=10 {
+                send(&mut sim, a, &format!("shown-{i}"));
+            }
+            sim.turn().await;
+            assert_eq!(sim.rep.events_read, 10, "clients read them");
+            // Power goes: the ten events (never synced) are lost.
+            sim.stop_process();
+            sim.fs.power_loss_with(Loss::All);
+            // The next start (fsync) crashes in its first sync, keeping the first bytes of
+            // that turn: its mark and the record after it.
+            // (What the oracle may ask of them is what relaxed mode promised: refusals.)
+            sim.excuse_all = true;
+            sim.cfg.durability = Durability::Fsync;
+            sim.fs.fail_next(Call::Sync, 5);
+            assert!(sim.try_start().is_err());
+            sim.stop_process();
+            let keep = record::MARK_LEN + record::FRAME + 1 + 9;
+            sim.fs.power_loss_with(Loss::KeepBytes(keep));
+            sim.start().await;
+            for _ in 0..3 {
+                sim.turn().await;
+            }
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+            let r = log_of(&sim, a).unwrap().ranges();
+            assert_eq!(
+                check_resume(&cursor(a, 1, 5), &r, false),
+                Err(Refusal::CursorAhead),
+                "{r:?}"
+            );
+        });
+    }
+
+    /// Finding (low): "owed records on a failed turn" were lost with it.
+    #[test]
+    fn records_owed_survive_a_failed_turn() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_events_per_session = 10;
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            for i in 0..30 {
+                send(&mut sim, a, &format!("a-{i}"));
+            }
+            // This turn trims the session and owes the trim record; the next write fails.
+            sim.turn().await;
+            let oldest = log_of(&sim, a).unwrap().ranges().oldest;
+            assert!(oldest > 1);
+            sim.fs.fail_next(Call::Write, 28);
+            sim.turn().await;
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            for _ in 0..5 {
+                sim.turn().await;
+            }
+            assert_eq!(*sim.store().health.borrow(), Health::Ok, "healed");
+            let img = Image::scan_in(Arc::new(sim.fs.clone())).unwrap();
+            assert_eq!(img.sessions[&a].trim.map(|(t, _)| t), Some(oldest));
+        });
     }
 
     #[test]
