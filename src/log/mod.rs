@@ -823,6 +823,8 @@ pub struct Recovery {
     pub inflight: usize,
     /// Sessions whose epoch was sealed.
     pub sealed: usize,
+    /// Sessions sealed before their newest events, which were missing or damaged.
+    pub cut: usize,
     /// Events retained.
     pub events: u64,
     /// Bytes cut from a torn tail.

@@ -143,8 +143,9 @@ struct FsState {
     injected: u64,
     /// Syncs that lied.
     lies: u64,
-    /// Failures a test asks for, in order: the next call of that kind fails with that errno.
-    forced: std::collections::VecDeque<(Call, i32)>,
+    /// Failures a test asks for, in order: the call of that kind after skipping that many
+    /// fails with that errno.
+    forced: std::collections::VecDeque<(Call, u32, i32)>,
 }
 
 /// A kind of file-system call (to fail one on purpose).
@@ -179,10 +180,13 @@ impl FsState {
 
     /// Fails the call now? (EIO, or ENOSPC where `space` is true and the dice say so.)
     fn fail(&mut self, call: Call, space: bool) -> Option<io::Error> {
-        if self.forced.front().is_some_and(|(c, _)| *c == call) {
-            let (_, errno) = self.forced.pop_front().expect("front");
-            return Some(io::Error::from_raw_os_error(errno));
+        if let Some(e) = self.forced_failure(call) {
+            return Some(e);
         }
+        self.fail_by_chance(space)
+    }
+
+    fn fail_by_chance(&mut self, space: bool) -> Option<io::Error> {
         if !self.rng.ppm(self.faults.fail_ppm) {
             return None;
         }
@@ -192,6 +196,32 @@ impl FsState {
         } else {
             io::Error::from_raw_os_error(5)
         })
+    }
+
+    fn forced_failure(&mut self, call: Call) -> Option<io::Error> {
+        if let Some((c, skip, errno)) = self.forced.front_mut() {
+            if std::env::var("SIM_TRACE").is_ok() {
+                eprintln!("TRACE call {call:?}, next forced {c:?} after {skip}");
+                if std::env::var("SIM_TRACE").as_deref() == Ok("bt") {
+                    let bt = std::backtrace::Backtrace::force_capture().to_string();
+                    let ours: Vec<&str> = bt
+                        .lines()
+                        .filter(|l| l.contains("mcp_resume_proxy::log"))
+                        .take(4)
+                        .collect();
+                    eprintln!("TRACE   {ours:?}");
+                }
+            }
+            if *c == call {
+                if *skip == 0 {
+                    let e = io::Error::from_raw_os_error(*errno);
+                    self.forced.pop_front();
+                    return Some(e);
+                }
+                *skip -= 1;
+            }
+        }
+        None
     }
 }
 
@@ -259,7 +289,16 @@ impl SimFs {
     /// what was synced and, by the dice, none, a torn prefix, or any sectors of what was not.
     /// The next `call` fails with `errno`.
     pub fn fail_next(&self, call: Call, errno: i32) {
-        self.st.lock().unwrap().forced.push_back((call, errno));
+        self.fail_after(call, 0, errno);
+    }
+
+    /// The `call` after the next `skip` ones fails with `errno`.
+    pub fn fail_after(&self, call: Call, skip: u32, errno: i32) {
+        self.st
+            .lock()
+            .unwrap()
+            .forced
+            .push_back((call, skip, errno));
     }
 
     /// Writes and cuts of `name` not yet synced.
@@ -490,7 +529,11 @@ impl SegFile for SimFile {
     fn sync_data(&self) -> io::Result<()> {
         let mut st = self.fs.lock().unwrap();
         let mut f = self.file.lock().unwrap();
-        if let Some(e) = st.fail(Call::Sync, true) {
+        if let Some(e) = st.forced_failure(Call::Sync) {
+            // A failure a test asked for: the sync did nothing.
+            return Err(e);
+        }
+        if let Some(e) = st.fail_by_chance(true) {
             // fsyncgate: what was pending may or may not be on disk; a later sync will not
             // write it again. Model: some of it went, the rest is lost at the next power loss
             // unless it happens to be written again.
@@ -1924,6 +1967,7 @@ mod tests {
             sim.fs.flip_at(&name, at + 2);
             sim.excused.insert(a);
             restart(&mut sim, Loss::All).await;
+            sim.turn().await;
             assert_eq!(sim.rep.violations, Vec::<String>::new());
             assert_eq!(sim.rep.damage_found, 1, "counted");
             let lb = log_of(&sim, b).unwrap();
@@ -1936,15 +1980,25 @@ mod tests {
             assert_eq!(got, want, "the other session lost nothing");
             let la = log_of(&sim, a).unwrap();
             let r = la.ranges();
-            assert_eq!(r.oldest, 11, "nothing up to the damaged event is served");
-            assert!(r.head >= 30 && r.epochs.len() == 2, "sealed: {r:?}");
             assert_eq!(
-                check_resume(&cursor(a, 1, 5), &r, false),
-                Err(Refusal::CursorTrimmed)
+                r.epochs[0].last,
+                Some(9),
+                "sealed at the last intact event: {r:?}"
             );
-            assert_eq!(check_resume(&cursor(a, 1, 29), &r, false), Ok(29));
-            let ids: Vec<u64> = payloads(&la).iter().map(|(_, q, _)| *q).collect();
-            assert_eq!(ids[0], 11);
+            assert_eq!((r.epochs[1].epoch, r.epochs[1].first), (2, 10));
+            assert_eq!(check_resume(&cursor(a, 1, 5), &r, false), Ok(5));
+            for past in [10, 11, 29] {
+                assert_eq!(
+                    check_resume(&cursor(a, 1, past), &r, false),
+                    Err(Refusal::CursorAhead),
+                    "into or past the damage"
+                );
+            }
+            let served = payloads(&la);
+            let before: Vec<String> = served.iter().take(9).map(|(_, _, p)| p.clone()).collect();
+            let want: Vec<String> = (0..9).map(|i| format!("a-{i:02}")).collect();
+            assert_eq!(before, want);
+            assert_eq!((served[9].0, served[9].1), (2, 10), "then the new epoch");
         });
     }
 
@@ -2106,8 +2160,17 @@ mod tests {
             // (What the oracle may ask of them is what relaxed mode promised: refusals.)
             sim.excuse_all = true;
             sim.cfg.durability = Durability::Fsync;
-            sim.fs.fail_next(Call::Sync, 5);
+            // Recovery syncs the newest segment, then the new one it creates; the third sync
+            // is the first turn's (and its cut fails too, so the process dies with the turn's
+            // bytes written).
+            sim.fs.fail_after(Call::Sync, 2, 5);
+            sim.fs.fail_next(Call::Truncate, 5);
             assert!(sim.try_start().is_err());
+            let newest = super::super::segment::file_name(2);
+            assert!(
+                sim.fs.pending(&newest) > 0,
+                "the first turn was written, not synced"
+            );
             sim.stop_process();
             let keep = record::MARK_LEN + record::FRAME + 1 + 9;
             sim.fs.power_loss_with(Loss::KeepBytes(keep));

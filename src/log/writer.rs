@@ -166,15 +166,6 @@ pub(crate) fn recover(
         let Some((mut meta, meta_loc)) = s.meta.clone() else {
             continue;
         };
-        let mut r = s.retained();
-        // Never below a seq the metadata or a trim knows was reached (no reuse, I2).
-        let mut head = r.head;
-        if let Some((t, _)) = s.trim {
-            head = head.max(t.saturating_sub(1));
-        }
-        for e in &meta.epochs {
-            head = head.max(e.last.unwrap_or(0)).max(e.first.saturating_sub(1));
-        }
         if meta.epochs.is_empty() {
             meta.epochs.push(EpochRange {
                 epoch: 1,
@@ -182,11 +173,24 @@ pub(crate) fn recover(
                 last: None,
             });
         }
-        // The retained events must end at the head and lie in the epochs the metadata names.
-        // Otherwise records were lost (damage, a dropped write) or the metadata is an older copy:
-        // nothing retained can be proven contiguous with what clients hold, so none of it is
-        // served (every cursor into it is refused) and the epoch is sealed past every epoch seen.
-        let max_epoch = s.chunks.values().map(|c| c.epoch).max().unwrap_or(0);
+        let trim = s.trim.map_or(0, |(t, _)| t);
+        // The highest seq anything on disk knows was reached (no reuse, I2).
+        let mut known = trim.saturating_sub(1);
+        for c in s.chunks.values() {
+            known = known.max(c.first + c.count - 1);
+        }
+        for e in &meta.epochs {
+            known = known
+                .max(e.last.unwrap_or(0))
+                .max(e.first.saturating_sub(1));
+        }
+        let max_epoch = s
+            .chunks
+            .values()
+            .map(|c| c.epoch)
+            .chain(meta.epochs.iter().map(|e| e.epoch))
+            .max()
+            .unwrap_or(1);
         let in_epochs = |c: &super::image::ChunkEntry| {
             meta.epochs.iter().any(|e| {
                 e.epoch == c.epoch
@@ -194,17 +198,58 @@ pub(crate) fn recover(
                     && e.last.is_none_or(|l| c.first + c.count - 1 <= l)
             })
         };
-        let mut lost = false;
-        if !r.chunks.is_empty() && (r.head != head || !r.chunks.iter().all(in_epochs)) {
-            tracing::error!(session = %store.keys.tag(&id.0), retained_head = r.head, head, "a session's retained events do not end at its head or lie outside its epochs (lost or damaged records): none of them is served");
-            r.chunks.clear();
-            lost = true;
-        }
-        let oldest = if r.chunks.is_empty() {
-            head + 1
-        } else {
-            r.oldest
+        // What is served: the chunks from the trim point on, up to the first one missing (a
+        // hole: damage, a dropped write) or not in the epochs the metadata names (an older copy
+        // of it). A chunk that overlaps the run is a stale copy of an epoch cut before.
+        let mut r = super::image::Retained {
+            oldest: 0,
+            head: 0,
+            chunks: Vec::new(),
         };
+        let mut cut_at = None;
+        for c in s.chunks.values() {
+            if c.first + c.count <= trim {
+                continue;
+            }
+            if let Some(p) = r.chunks.last() {
+                let end = p.first + p.count;
+                if c.first < end {
+                    continue;
+                }
+                if c.first != end {
+                    cut_at = Some(end);
+                    break;
+                }
+            }
+            if !in_epochs(c) {
+                cut_at = Some(c.first);
+                break;
+            }
+            r.chunks.push(*c);
+        }
+        let run_end = r.chunks.last().map(|c| c.first + c.count);
+        if cut_at.is_none() {
+            if let Some(end) = run_end.filter(|e| *e <= known) {
+                // The newest events are gone.
+                cut_at = Some(end);
+            }
+        }
+        let head = match cut_at {
+            Some(at) => at - 1,
+            None => known,
+        };
+        let cut = cut_at.is_some();
+        if cut {
+            // Sealed at the last intact event: an id past it, in any epoch it had, is refused
+            // (`cursor_ahead` / `unknown_epoch`); what follows goes into an epoch of its own.
+            rec.cut += 1;
+            tracing::error!(session = %store.keys.tag(&id.0), last_intact = head, known, "a session's events are not all there (damaged or lost records): sealed at the last intact event");
+            meta.epochs.retain(|e| e.first <= head);
+            if let Some(last) = meta.epochs.last_mut() {
+                last.last = Some(last.last.map_or(head, |l| l.min(head)));
+            }
+        }
+        let oldest = r.chunks.first().map_or(head + 1, |c| c.first.max(trim));
         let mut chunks = VecDeque::with_capacity(r.chunks.len());
         let mut bytes = 0;
         for c in &r.chunks {
@@ -246,16 +291,17 @@ pub(crate) fn recover(
             }
         }
         let live = meta.ended.is_none();
-        if live && (seal || lost) {
-            let top = meta.epochs.iter().map(|e| e.epoch).max().unwrap_or(1);
-            let last = meta.epochs.last_mut().expect("one epoch");
-            if last.last.is_none() {
-                last.last = Some(head.max(last.first.saturating_sub(1)));
+        if (live && seal) || cut {
+            if let Some(last) = meta.epochs.last_mut() {
+                if last.last.is_none() {
+                    last.last = Some(head.max(last.first.saturating_sub(1)));
+                }
             }
+            // An ended session takes no more events: its new epoch stays empty.
             meta.epochs.push(EpochRange {
-                epoch: top.max(max_epoch) + 1,
+                epoch: max_epoch + 1,
                 first: head + 1,
-                last: None,
+                last: (!live).then_some(head),
             });
             rec.sealed += 1;
             rewrite_meta = true;
@@ -285,10 +331,7 @@ pub(crate) fn recover(
         if rewrite_meta {
             internal.push(Internal::Meta(sl.clone()));
         }
-        if lost {
-            // The dropped events stay dropped on the next recovery, whatever compaction keeps.
-            internal.push(Internal::Trim(sl.clone()));
-        }
+
         rec.sessions += 1;
         rec.events += (head + 1).saturating_sub(oldest);
         if live {
