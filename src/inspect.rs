@@ -21,7 +21,7 @@ pub fn run(dir: &Path, session: Option<&str>, out: &mut dyn Write) -> Result<(),
             dir.display()
         ));
     }
-    if !dir.join(segment::LOCK_FILE).exists() && segment::list(dir).map_or(true, |s| s.is_empty()) {
+    if !dir.join(segment::LOCK_FILE).exists() && segment::list(&crate::log::io::OsDir::new(dir)).map_or(true, |s| s.is_empty()) {
         return Err(format!(
             "{} is not a mcp-resume-proxy data directory",
             dir.display()

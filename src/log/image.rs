@@ -9,12 +9,14 @@
 //! by a hole is not served.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::cursor::SessionId;
-use super::record::{self, FrameError, Type};
+use super::io::{Dir, OsDir};
+use super::record::{self, Type};
 use super::segment::{self, Segment};
 use super::{Event, SessionMeta, StreamTag};
 use crate::error::StoreError;
@@ -35,6 +37,8 @@ pub struct Loc {
 pub struct ChunkEntry {
     /// Seq of its first event.
     pub first: u64,
+    /// Epoch its events were logged in.
+    pub epoch: u32,
     /// Events in it.
     pub count: u64,
     /// Payload bytes of its events.
@@ -125,13 +129,15 @@ pub struct ImageSegment {
     pub valid_len: u64,
     /// Length of the file.
     pub file_len: u64,
+    /// Bytes known to have been on stable storage (the whole file, but for the newest segment).
+    pub synced: u64,
 }
 
 /// Everything a scan of a data directory found.
 #[derive(Debug)]
 pub struct Image {
     /// The directory.
-    pub dir: PathBuf,
+    pub dir: Arc<dyn Dir>,
     /// Segments, ascending.
     pub segments: Vec<ImageSegment>,
     /// Sessions with their records.
@@ -142,23 +148,65 @@ pub struct Image {
     pub last_open_fsync: Option<bool>,
     /// That open record.
     pub open_loc: Option<Loc>,
-    /// Damage found outside the last segment's tail (each a sentence; logged by recovery).
+    /// Damage found (each a sentence; logged by recovery): bad records inside synced data,
+    /// records that pass their checksum but do not parse, segments without a header.
     pub damage: Vec<String>,
-    /// The newest segment ends in a torn or corrupt record at this offset (a crash mid-write).
+    /// The newest segment ends in a torn write at this offset, past what was synced (a crash
+    /// mid-write): recovery cuts it off.
     pub torn_at: Option<u64>,
+    /// Pieces of damage in [`Image::damage`] that are bad data (not orphans): each seals every
+    /// live session on recovery and moves `mcp_resume_store_damage_total`.
+    pub damaged: u64,
     /// Records read.
     pub records: u64,
 }
 
+/// A frame found in a segment: a record, or a bad span up to the next record found after it.
+enum Found {
+    Record { pos: usize, len: usize },
+    Bad { pos: usize, next: usize },
+}
+
+/// The next offset after `from` where a whole, checksummed record starts (or `buf.len()`): the
+/// way past a damaged record whose length cannot be trusted.
+fn resync(buf: &[u8], from: usize) -> usize {
+    let mut p = from + 1;
+    while p + record::FRAME < buf.len() {
+        let len = u32::from_be_bytes(buf[p..p + 4].try_into().expect("4 bytes")) as usize;
+        if len != 0
+            && len <= record::MAX_RECORD
+            && p + record::FRAME + len <= buf.len()
+            && record::read_frame(&buf[p..]).is_ok()
+        {
+            return p;
+        }
+        p += 1;
+    }
+    buf.len()
+}
+
+/// Bytes from the start of `buf` (a damaged record) to the next intact record, or all of it.
+pub fn resync_from_start(buf: &[u8]) -> usize {
+    resync(buf, 0)
+}
+
 impl Image {
-    /// Scans `dir` without changing anything.
+    /// Scans the directory at `dir` without changing anything.
     ///
     /// # Errors
     /// A segment could not be listed, opened or read.
     pub fn scan(dir: &Path) -> Result<Image, StoreError> {
-        let ids = segment::list(dir)?;
+        Self::scan_in(Arc::new(OsDir::new(dir)))
+    }
+
+    /// Scans `dir` without changing anything.
+    ///
+    /// # Errors
+    /// A segment could not be listed, opened or read.
+    pub fn scan_in(dir: Arc<dyn Dir>) -> Result<Image, StoreError> {
+        let ids = segment::list(&*dir)?;
         let mut img = Image {
-            dir: dir.to_path_buf(),
+            dir: dir.clone(),
             segments: Vec::with_capacity(ids.len()),
             sessions: BTreeMap::new(),
             clean: false,
@@ -166,12 +214,13 @@ impl Image {
             open_loc: None,
             damage: Vec::new(),
             torn_at: None,
+            damaged: 0,
             records: 0,
         };
         let mut last_type = None;
         for (i, &id) in ids.iter().enumerate() {
             let newest = i + 1 == ids.len();
-            let seg = Segment::open(dir, id, false)?;
+            let seg = Segment::open(&*dir, id, false)?;
             let file_len = seg.file_len()?;
             let mut buf = vec![0u8; file_len as usize];
             let n = seg.read_some_at(&mut buf, 0)?;
@@ -182,6 +231,7 @@ impl Image {
                 if newest {
                     img.torn_at = Some(0);
                 } else {
+                    img.damaged += 1;
                     img.damage.push(format!(
                         "segment {} has no valid header; skipped",
                         seg.path().display()
@@ -191,48 +241,79 @@ impl Image {
                     id,
                     valid_len: 0,
                     file_len,
+                    synced: 0,
                 });
                 continue;
             }
+            // Every frame first, then what was synced: a mark later in the file may show that a
+            // bad record before it was synced (damage), not torn.
+            let mut found = Vec::new();
+            let mut synced = if newest {
+                record::SEGMENT_HEADER
+            } else {
+                buf.len()
+            };
             let mut pos = record::SEGMENT_HEADER;
             while pos < buf.len() {
-                let (ty, body, len) = match record::read_frame(&buf[pos..]) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let why = match e {
-                            FrameError::Short { .. } => "a torn record",
-                            FrameError::Corrupt => "a corrupt record",
+                match record::read_frame(&buf[pos..]) {
+                    Ok((ty, body, len)) => {
+                        if ty == Type::Mark {
+                            if let Some((_, s)) = record::parse_mark(body) {
+                                synced = synced.max((s as usize).min(pos));
+                            }
+                        }
+                        found.push(Found::Record { pos, len });
+                        pos += len;
+                    }
+                    Err(_) => {
+                        let next = resync(&buf, pos);
+                        found.push(Found::Bad { pos, next });
+                        pos = next;
+                    }
+                }
+            }
+            let mut valid_len = buf.len();
+            for f in found {
+                match f {
+                    Found::Record { pos, len } => {
+                        let (ty, body, _) = record::read_frame(&buf[pos..]).expect("read before");
+                        let loc = Loc {
+                            seg: id,
+                            off: pos as u64,
+                            len: len as u32,
                         };
-                        if newest {
-                            img.torn_at = Some(pos as u64);
-                        } else {
+                        if let Err(why) = img.apply(ty, body, loc) {
+                            img.damaged += 1;
                             img.damage.push(format!(
-                                "segment {} has {why} at offset {pos}; the rest of it is skipped",
+                                "segment {} offset {pos}: {why}; record skipped",
                                 seg.path().display()
                             ));
                         }
+                        img.records += 1;
+                        last_type = Some(ty);
+                    }
+                    Found::Bad { pos, .. } if pos >= synced => {
+                        // Past what was synced: a torn write; it and everything after it go.
+                        img.torn_at = Some(pos as u64);
+                        valid_len = pos;
                         break;
                     }
-                };
-                let loc = Loc {
-                    seg: id,
-                    off: pos as u64,
-                    len: len as u32,
-                };
-                if let Err(why) = img.apply(ty, body, loc) {
-                    img.damage.push(format!(
-                        "segment {} offset {pos}: {why}; record skipped",
-                        seg.path().display()
-                    ));
+                    Found::Bad { pos, next } => {
+                        img.damaged += 1;
+                        img.damage.push(format!(
+                            "segment {} has a damaged record at offset {pos} (synced data; {} \
+                             bytes up to the next intact record skipped)",
+                            seg.path().display(),
+                            next - pos
+                        ));
+                    }
                 }
-                img.records += 1;
-                last_type = Some(ty);
-                pos += len;
             }
             img.segments.push(ImageSegment {
                 id,
-                valid_len: pos.min(buf.len()) as u64,
+                valid_len: valid_len as u64,
                 file_len,
+                synced: synced as u64,
             });
         }
         img.clean = last_type == Some(Type::Clean);
@@ -265,14 +346,22 @@ impl Image {
                 if c.first.checked_add(count).is_none() {
                     return Err("chunk seqs out of range");
                 }
+                let epoch = record::chunk_epoch(c.value).ok_or("unreadable chunk")?;
                 let s = self.sessions.entry(c.session).or_default();
+                // The answers end their requests' in-flight records — those registered before
+                // them: a copy of the chunk (compaction) may come after a later request that
+                // reused the id, registered at a head at or past the chunk's end.
+                let last = c.first + count - 1;
                 for id in &c.completes {
-                    s.inflight.remove(id);
+                    if s.inflight.get(id).is_some_and(|e| e.registered_at < last) {
+                        s.inflight.remove(id);
+                    }
                 }
                 s.chunks.insert(
                     c.first,
                     ChunkEntry {
                         first: c.first,
+                        epoch,
                         count,
                         payload,
                         loc,
@@ -319,7 +408,7 @@ impl Image {
                 self.last_open_fsync = Some(record::parse_open(body).ok_or("unreadable open")?);
                 self.open_loc = Some(loc);
             }
-            Type::Clean => {}
+            Type::Clean | Type::Mark => {}
         }
         Ok(())
     }
@@ -329,7 +418,7 @@ impl Image {
     /// # Errors
     /// The read failed or the record is not the chunk the image says.
     pub fn read_chunk(&self, c: &ChunkEntry) -> Result<Vec<Event>, StoreError> {
-        let seg = Segment::open(&self.dir, c.loc.seg, false)?;
+        let seg = Segment::open(&*self.dir, c.loc.seg, false)?;
         read_chunk_at(&seg, c)
     }
 }

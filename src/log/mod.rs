@@ -25,8 +25,11 @@
 
 pub mod cursor;
 pub mod image;
+pub mod io;
 pub mod record;
 pub mod segment;
+#[cfg(test)]
+mod sim;
 mod writer;
 
 use std::collections::{HashMap, VecDeque};
@@ -54,6 +57,9 @@ pub const MAX_EVENT_BYTES: usize = record::MAX_RECORD - 1024 * 1024;
 const WINDOW_EVENTS: usize = 128;
 /// Payload bytes kept in memory per session window.
 const WINDOW_BYTES: usize = 512 * 1024;
+/// Payload bytes that may wait in the writer's channel: producers wait beyond it (an event larger
+/// than this waits until the channel is empty, then goes alone).
+const QUEUE_BYTES: usize = 64 << 20;
 /// How long [`Log::open`] waits for another holder of the data directory to let go.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -220,6 +226,7 @@ impl Chunk {
     fn entry(&self) -> image::ChunkEntry {
         image::ChunkEntry {
             first: self.first,
+            epoch: 0,
             count: self.count,
             payload: self.payload,
             loc: image::Loc {
@@ -610,6 +617,34 @@ impl SessionLog {
         self.lock().ranges.oldest
     }
 
+    /// The end seq of the first chunk whose place `hit` matches (a damaged record), if any.
+    fn damaged_chunk_end(&self, hit: &dyn Fn(&image::Loc) -> bool) -> Option<u64> {
+        let st = self.lock();
+        st.chunks.iter().find(|c| hit(&c.loc())).map(Chunk::end)
+    }
+
+    /// Drops every chunk that ends at or before `oldest` (a damaged one among them): nothing
+    /// before `oldest` is served any more. Returns their places (dead).
+    fn drop_before(&self, oldest: u64) -> Vec<image::Loc> {
+        let mut st = self.lock();
+        let mut dead = Vec::new();
+        while st.chunks.front().is_some_and(|c| c.end() <= oldest) {
+            let c = st.chunks.pop_front().expect("front");
+            st.bytes = st.bytes.saturating_sub(c.payload - c.skipped);
+            dead.push(c.loc());
+        }
+        if oldest > st.ranges.oldest {
+            st.ranges.oldest = oldest.min(st.ranges.head + 1);
+            st.drop_window_before(oldest);
+        }
+        dead
+    }
+
+    /// The stream of a request durably in flight.
+    fn inflight_stream(&self, id: &str) -> Option<StreamTag> {
+        self.lock().inflight.get(id).copied()
+    }
+
     /// Recovery: what the log holds of the session.
     fn restore(&self, bytes: u64, chunks: VecDeque<Chunk>, inflight: HashMap<String, StreamTag>) {
         let mut st = self.lock();
@@ -620,6 +655,8 @@ impl SessionLog {
 }
 
 type Ack = oneshot::Sender<std::result::Result<u64, StoreError>>;
+/// The queued bytes an op holds until the writer takes it (see [`QUEUE_BYTES`]).
+type Permit = Option<tokio::sync::OwnedSemaphorePermit>;
 
 pub(crate) enum Op {
     /// A new session: its meta record.
@@ -629,6 +666,7 @@ pub(crate) enum Op {
         log: Arc<SessionLog>,
         evs: Vec<NewEvent>,
         done: Option<Ack>,
+        _permit: Permit,
     },
     /// A request recorded as in flight before it is forwarded.
     Inflight {
@@ -650,6 +688,7 @@ pub(crate) enum Op {
         reason: EndReason,
         evs: Vec<NewEvent>,
         done: Ack,
+        _permit: Permit,
     },
     /// Deletes a session's log.
     Remove { session: SessionId, done: Ack },
@@ -663,7 +702,8 @@ pub(crate) enum Op {
 
 /// The state shared by the handle and the writer.
 pub(crate) struct Store {
-    dir: std::path::PathBuf,
+    /// The data directory's files.
+    fs: Arc<dyn io::Dir>,
     durability: Durability,
     max_events: u64,
     max_bytes: u64,
@@ -682,13 +722,65 @@ pub(crate) struct Store {
     failures: mpsc::UnboundedSender<SessionId>,
     /// The data directory's secret: identities and log tags.
     keys: Keyring,
+    /// Seconds the log may stay degraded before it fails for good (`log.store_error_exit_secs`).
+    degraded_limit: std::time::Duration,
+    /// Bytes of events queued for the writer and not yet taken (what bounds its channel).
+    queued: Arc<tokio::sync::Semaphore>,
     /// Unit tests: writes still to fail, and how.
     #[cfg(test)]
     fail_writes: Mutex<VecDeque<std::io::ErrorKind>>,
-    _lock: DirLock,
+    _lock: Option<DirLock>,
 }
 
 impl Store {
+    /// The shared state of a log over `fs` (recovery and the writer come next).
+    pub(crate) fn new(
+        cfg: &LogConfig,
+        metrics: Metrics,
+        fs: Arc<dyn io::Dir>,
+        keys: Keyring,
+        lock: Option<DirLock>,
+        failures: mpsc::UnboundedSender<SessionId>,
+    ) -> Self {
+        let (health, _) = watch::channel(Health::Ok);
+        let turn_bytes = (cfg.max_total_bytes / 8).clamp(256 << 10, 8 << 20) as usize;
+        metrics.log_max_bytes.set(cfg.max_total_bytes as i64);
+        Store {
+            fs,
+            durability: cfg.durability,
+            max_events: cfg.max_events_per_session,
+            max_bytes: cfg.max_bytes_per_session,
+            max_total: cfg.max_total_bytes,
+            seg_size: segment_size(cfg.max_total_bytes),
+            turn_bytes,
+            metrics,
+            logs: Mutex::new(HashMap::new()),
+            retained: AtomicU64::new(0),
+            disk: AtomicU64::new(0),
+            health,
+            failures,
+            keys,
+            degraded_limit: std::time::Duration::from_secs(cfg.store_error_exit_secs),
+            queued: Arc::new(tokio::sync::Semaphore::new(QUEUE_BYTES)),
+            #[cfg(test)]
+            fail_writes: Mutex::new(VecDeque::new()),
+            _lock: lock,
+        }
+    }
+
+    /// What `du` of the data directory stays within (README "Durability and storage"): 1.5 ×
+    /// `log.max_total_bytes` plus four segments.
+    #[cfg(test)]
+    pub(crate) fn disk_bound(&self) -> u64 {
+        self.max_total + self.max_total / 2 + 4 * self.seg_size
+    }
+
+    /// Above this many bytes of segment files, appends wait for compaction (backpressure), so a
+    /// turn's writes on top of it stay within [`Store::disk_bound`].
+    fn throttle_bytes(&self) -> u64 {
+        self.max_total + self.max_total / 4
+    }
+
     fn lock_logs(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<SessionLog>>> {
         // Short map operations only, never held across an await.
         self.logs.lock().unwrap_or_else(|e| e.into_inner())
@@ -782,7 +874,7 @@ impl Log {
         metrics: Metrics,
     ) -> Result<(Arc<Log>, Recovery, Vec<Interrupted>)> {
         let dir = cfg.dir.clone();
-        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io("create data directory", e))?;
+        io::OsDir::create_private(&dir).map_err(|e| StoreError::io("create data directory", e))?;
         if segment::has_sled_files(&dir) {
             return Err(StoreError::OldFormat(dir.display().to_string()).into());
         }
@@ -792,28 +884,17 @@ impl Log {
         for d in &img.damage {
             tracing::error!(dir = %dir.display(), damage = %d, "log damage found during recovery");
         }
-        let (health, _) = watch::channel(Health::Ok);
         let (failures_tx, failures_rx) = mpsc::unbounded_channel();
-        let store = Arc::new(Store {
-            dir: dir.clone(),
-            durability: cfg.durability,
-            max_events: cfg.max_events_per_session,
-            max_bytes: cfg.max_bytes_per_session,
-            max_total: cfg.max_total_bytes,
-            seg_size: segment_size(cfg.max_total_bytes),
-            turn_bytes: (cfg.max_total_bytes / 8).clamp(256 << 10, 8 << 20) as usize,
+        let fs: Arc<dyn io::Dir> = Arc::new(io::OsDir::new(&dir));
+        let store = Arc::new(Store::new(
+            cfg,
             metrics,
-            logs: Mutex::new(HashMap::new()),
-            retained: AtomicU64::new(0),
-            disk: AtomicU64::new(0),
-            health,
-            failures: failures_tx,
+            fs,
             keys,
-            #[cfg(test)]
-            fail_writes: Mutex::new(VecDeque::new()),
-            _lock: lock,
-        });
-        store.metrics.log_max_bytes.set(cfg.max_total_bytes as i64);
+            Some(lock),
+            failures_tx,
+        ));
+        store.metrics.store_damage.inc_by(img.damaged);
         let (rec, interrupted, state) = writer::recover(&store, img)?;
         let (tx, rx) = mpsc::channel(4096);
         let handle = writer::spawn(store.clone(), state, rx)?;
@@ -827,6 +908,22 @@ impl Log {
         // any event of this run is written: a later recovery knows which run wrote the tail.
         log.flush().await?;
         Ok((log, rec, interrupted))
+    }
+
+    /// Waits until `evs` fit in the writer's queue (bounded in bytes, not only in ops).
+    async fn reserve(&self, evs: &[NewEvent]) -> Result<Permit> {
+        let bytes: usize = evs.iter().map(|e| e.payload.len()).sum();
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let n = u32::try_from(bytes.min(QUEUE_BYTES)).expect("QUEUE_BYTES fits in u32");
+        self.store
+            .queued
+            .clone()
+            .acquire_many_owned(n)
+            .await
+            .map(Some)
+            .map_err(|_| Error::Store(StoreError::Stopped))
     }
 
     async fn send(&self, op: Op) -> Result<()> {
@@ -931,10 +1028,12 @@ impl Log {
     /// # Errors
     /// [`Error::Store`] when the writer has stopped.
     pub async fn append_many_nowait(&self, sl: &Arc<SessionLog>, evs: Vec<NewEvent>) -> Result<()> {
+        let permit = self.reserve(&evs).await?;
         self.send(Op::Append {
             log: sl.clone(),
             evs,
             done: None,
+            _permit: permit,
         })
         .await
     }
@@ -945,10 +1044,13 @@ impl Log {
     /// [`Error::Store`] when the write failed or the session's log has ended.
     pub async fn append(&self, sl: &Arc<SessionLog>, ev: NewEvent) -> Result<u64> {
         let (done, rx) = oneshot::channel();
+        let evs = vec![ev];
+        let permit = self.reserve(&evs).await?;
         self.send(Op::Append {
             log: sl.clone(),
-            evs: vec![ev],
+            evs,
             done: Some(done),
+            _permit: permit,
         })
         .await?;
         Self::wait(rx).await
@@ -1005,11 +1107,13 @@ impl Log {
         evs: Vec<NewEvent>,
     ) -> Result<()> {
         let (done, rx) = oneshot::channel();
+        let permit = self.reserve(&evs).await?;
         self.send(Op::End {
             log: sl.clone(),
             reason,
             evs,
             done,
+            _permit: permit,
         })
         .await?;
         Self::wait(rx).await.map(|_| ())
@@ -1183,7 +1287,7 @@ impl Log {
 
     /// Sizes of the segment files, ascending by id.
     pub(crate) fn segment_ids(&self) -> Vec<u64> {
-        segment::list(&self.store.dir).unwrap()
+        segment::list(&*self.store.fs).unwrap()
     }
 }
 

@@ -20,6 +20,12 @@
 //! | 6 | remove | S |
 //! | 7 | open | durability (1: fsync, 2: relaxed) ‖ unix seconds (u64) |
 //! | 8 | clean | unix seconds (u64) |
+//! | 9 | mark | own offset (u64) ‖ synced offset (u64) |
+//!
+//! Every writer turn starts with a *mark*: the offset it stands at, and how much of its segment
+//! was on stable storage when the turn was written. Recovery takes the largest synced offset of
+//! the intact marks as the part of the newest segment that was synced: a bad record there is
+//! damage, past it a torn write. Every other segment was synced whole before the next was made.
 //!
 //! A *chunk* is consecutive events of one session written in one writer turn; the request ids it
 //! carries are the in-flight requests its events answer, so an answer and the end of its request's
@@ -68,6 +74,8 @@ pub enum Type {
     Open = 7,
     /// A run of the proxy stopped cleanly.
     Clean = 8,
+    /// The start of a writer turn: its offset and the segment's synced offset.
+    Mark = 9,
 }
 
 impl Type {
@@ -81,6 +89,7 @@ impl Type {
             6 => Type::Remove,
             7 => Type::Open,
             8 => Type::Clean,
+            9 => Type::Mark,
             _ => return None,
         })
     }
@@ -194,6 +203,19 @@ pub fn open(out: &mut Vec<u8>, fsync: bool, unix: u64) -> usize {
 /// Encodes a clean record.
 pub fn clean(out: &mut Vec<u8>, unix: u64) -> usize {
     frame(out, Type::Clean, &[&unix.to_be_bytes()])
+}
+
+/// Encodes a mark record.
+pub fn mark(out: &mut Vec<u8>, at: u64, synced: u64) -> usize {
+    frame(out, Type::Mark, &[&at.to_be_bytes(), &synced.to_be_bytes()])
+}
+
+/// Bytes of a mark record on disk.
+pub const MARK_LEN: usize = FRAME + 1 + 16;
+
+/// A mark record's fields: its own offset and the synced offset.
+pub fn parse_mark(body: &[u8]) -> Option<(u64, u64)> {
+    Some((u64_at(body, 0)?, u64_at(body, 8)?))
 }
 
 /// Why a frame could not be read.
@@ -382,6 +404,14 @@ pub fn chunk_info(value: &[u8]) -> Option<(u64, u64)> {
     Some((
         u64::from(u32::from_be_bytes(value.get(0..4)?.try_into().ok()?)),
         u64_at(value, 4)?,
+    ))
+}
+
+/// Epoch of the first event of a chunk value (all events of a chunk share it: epochs change only
+/// between runs).
+pub fn chunk_epoch(value: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(
+        value.get(CHUNK_HEADER..CHUNK_HEADER + 4)?.try_into().ok()?,
     ))
 }
 

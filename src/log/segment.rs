@@ -7,9 +7,10 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use super::io::{Dir, SegFile};
 use super::record;
 use crate::error::StoreError;
 
@@ -19,7 +20,7 @@ use crate::error::StoreError;
 pub struct Segment {
     /// Segment id (files are named after it and ordered by it).
     pub id: u64,
-    file: File,
+    file: Arc<dyn SegFile>,
     path: PathBuf,
 }
 
@@ -48,14 +49,14 @@ impl Segment {
     ///
     /// # Errors
     /// The open failed.
-    pub fn open(dir: &Path, id: u64, write: bool) -> Result<Self, StoreError> {
-        let path = dir.join(file_name(id));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(write)
-            .open(&path)
-            .map_err(io_err("open segment"))?;
-        Ok(Self { id, file, path })
+    pub fn open(dir: &dyn Dir, id: u64, write: bool) -> Result<Self, StoreError> {
+        let name = file_name(id);
+        let file = dir.open(&name, write).map_err(io_err("open segment"))?;
+        Ok(Self {
+            id,
+            file,
+            path: dir.path().join(name),
+        })
     }
 
     /// Creates segment `id` with its header, and makes the file and its directory entry durable
@@ -63,21 +64,21 @@ impl Segment {
     ///
     /// # Errors
     /// Creating, writing or syncing failed (a partial file is removed).
-    pub fn create(dir: &Path, id: u64) -> Result<Self, StoreError> {
-        let path = dir.join(file_name(id));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&path)
-            .map_err(io_err("create segment"))?;
-        let seg = Self { id, file, path };
+    pub fn create(dir: &dyn Dir, id: u64) -> Result<Self, StoreError> {
+        let name = file_name(id);
+        let file = dir.create(&name).map_err(io_err("create segment"))?;
+        let seg = Self {
+            id,
+            file,
+            path: dir.path().join(&name),
+        };
         let made = seg
             .write_at(&record::segment_header(id), 0)
             .and_then(|()| seg.sync())
             .and_then(|()| sync_dir(dir));
         if let Err(e) = made {
-            let _ = std::fs::remove_file(&seg.path);
+            // Best effort: a file left behind has no synced header and recovery drops it.
+            let _ = dir.remove(&name);
             return Err(e);
         }
         Ok(seg)
@@ -93,7 +94,7 @@ impl Segment {
     /// # Errors
     /// `fstat` failed.
     pub fn file_len(&self) -> Result<u64, StoreError> {
-        Ok(self.file.metadata().map_err(io_err("stat segment"))?.len())
+        self.file.len().map_err(io_err("stat segment"))
     }
 
     /// Reads exactly `buf.len()` bytes at `offset`.
@@ -101,9 +102,14 @@ impl Segment {
     /// # Errors
     /// The read failed or the file is shorter.
     pub fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<(), StoreError> {
-        self.file
-            .read_exact_at(buf, offset)
-            .map_err(io_err("read segment"))
+        match self.file.read_at(buf, offset) {
+            Ok(n) if n == buf.len() => Ok(()),
+            Ok(_) => Err(StoreError::io(
+                "read segment",
+                io::Error::from(io::ErrorKind::UnexpectedEof),
+            )),
+            Err(e) => Err(StoreError::io("read segment", e)),
+        }
     }
 
     /// Reads up to `buf.len()` bytes at `offset`; returns how many (0 at the end).
@@ -111,16 +117,9 @@ impl Segment {
     /// # Errors
     /// The read failed.
     pub fn read_some_at(&self, buf: &mut [u8], offset: u64) -> Result<usize, StoreError> {
-        let mut n = 0;
-        while n < buf.len() {
-            match self.file.read_at(&mut buf[n..], offset + n as u64) {
-                Ok(0) => break,
-                Ok(k) => n += k,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(StoreError::io("read segment", e)),
-            }
-        }
-        Ok(n)
+        self.file
+            .read_at(buf, offset)
+            .map_err(io_err("read segment"))
     }
 
     /// Writes all of `buf` at `offset`.
@@ -155,26 +154,33 @@ impl Segment {
 ///
 /// # Errors
 /// Opening or syncing the directory failed.
-pub fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync data directory"))
+pub fn sync_dir(dir: &dyn Dir) -> Result<(), StoreError> {
+    dir.sync().map_err(io_err("fsync data directory"))
 }
 
 /// Ids of the segment files in `dir`, ascending. Files that are not segments are ignored.
 ///
 /// # Errors
 /// The directory could not be listed.
-pub fn list(dir: &Path) -> Result<Vec<u64>, StoreError> {
-    let mut ids = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(io_err("list data directory"))? {
-        let entry = entry.map_err(io_err("list data directory"))?;
-        if let Some(id) = entry.file_name().to_str().and_then(parse_file_name) {
-            ids.push(id);
-        }
-    }
+pub fn list(dir: &dyn Dir) -> Result<Vec<u64>, StoreError> {
+    let mut ids: Vec<u64> = dir
+        .list()
+        .map_err(io_err("list data directory"))?
+        .iter()
+        .filter_map(|n| parse_file_name(n))
+        .collect();
     ids.sort_unstable();
     Ok(ids)
+}
+
+/// Removes segment `id` and makes the removal durable.
+///
+/// # Errors
+/// The removal or the directory sync failed.
+pub fn remove(dir: &dyn Dir, id: u64) -> Result<(), StoreError> {
+    dir.remove(&file_name(id))
+        .map_err(io_err("delete segment"))
+        .and_then(|()| sync_dir(dir))
 }
 
 /// Name of the lock file in a data directory.
@@ -192,11 +198,13 @@ pub struct DirLock {
 /// # Errors
 /// The lock file could not be opened or locked for another reason.
 pub fn lock(dir: &Path, exclusive: bool) -> Result<Option<DirLock>, StoreError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let file = OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(super::io::FILE_MODE)
         .open(dir.join(LOCK_FILE))
         .map_err(io_err("open lock file"))?;
     let got = if exclusive {
@@ -237,8 +245,9 @@ mod tests {
 
     #[test]
     fn create_write_read_truncate() {
-        let dir = tempfile::tempdir().unwrap();
-        let s = Segment::create(dir.path(), 3).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = super::super::io::OsDir::new(tmp.path());
+        let s = Segment::create(&dir, 3).unwrap();
         assert_eq!(s.file_len().unwrap(), record::SEGMENT_HEADER as u64);
         s.write_at(b"hello", 16).unwrap();
         s.sync().unwrap();
@@ -249,10 +258,13 @@ mod tests {
         let mut big = [0u8; 8];
         assert_eq!(s.read_some_at(&mut big, 16).unwrap(), 2);
         assert!(
-            Segment::create(dir.path(), 3).is_err(),
+            Segment::create(&dir, 3).is_err(),
             "never overwrites a segment"
         );
-        assert_eq!(list(dir.path()).unwrap(), vec![3]);
+        assert_eq!(list(&dir).unwrap(), vec![3]);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(s.path()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "segments are private");
     }
 
     #[test]

@@ -29,7 +29,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
-use super::image::{Image, Loc};
+use super::image::{resync_from_start as resync, Image, Loc};
 use super::record::{self, ChunkBuilder, Type};
 use super::segment::{self, Segment};
 use super::{
@@ -47,7 +47,8 @@ pub(crate) const MAX_BATCH: usize = 1024;
 const CHUNK_EVENTS: u32 = 256;
 /// A chunk is closed once its encoding reaches this size (one large event may exceed it).
 const CHUNK_BYTES: usize = 64 * 1024;
-/// Bytes of old records compaction reads per turn, so that a turn's latency stays small.
+/// Bytes of old records compaction reads per turn at least, so that a turn's latency stays
+/// small; under load it reads twice what the previous turn wrote, so it keeps pace (§10b).
 const COMPACT_SLICE: usize = 1024 * 1024;
 /// How often a degraded log retries the ends it owes.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
@@ -69,12 +70,15 @@ struct WSess {
     inflight: HashMap<String, Loc>,
 }
 
-/// Records the writer owes, written at the start of its next turn.
+/// Records the writer owes, written at the start of its next turn (again after a failed one).
+#[derive(Clone)]
 enum Internal {
     Open,
     Meta(Arc<SessionLog>),
     Trim(Arc<SessionLog>),
     Remove(SessionId),
+    /// An in-flight record whose only copy was damaged.
+    Inflight(Arc<SessionLog>, String, StreamTag),
 }
 
 /// What recovery hands to the writer.
@@ -104,10 +108,10 @@ pub(crate) fn recover(
     store: &Arc<Store>,
     mut img: Image,
 ) -> Result<(Recovery, Vec<Interrupted>, State), StoreError> {
-    let dir = store.dir.clone();
+    let dir = store.fs.clone();
     let mut rec = Recovery {
         clean: img.clean,
-        damaged: img.damage.len(),
+        damaged: img.damaged as usize,
         ..Default::default()
     };
     if let Some(at) = img.torn_at {
@@ -117,26 +121,28 @@ pub(crate) fn recover(
             .expect("a torn tail is in a segment");
         if at < record::SEGMENT_HEADER as u64 {
             // Its creation was cut short: nothing in it was ever acknowledged.
-            let path = dir.join(segment::file_name(last.id));
-            std::fs::remove_file(&path).map_err(|e| StoreError::io("remove segment", e))?;
-            segment::sync_dir(&dir)?;
+            segment::remove(&*dir, last.id)?;
             rec.torn_bytes = last.file_len;
             img.segments.pop();
         } else {
-            let seg = Segment::open(&dir, last.id, true)?;
+            let seg = Segment::open(&*dir, last.id, true)?;
             seg.truncate(at)?;
             seg.sync()?;
             rec.torn_bytes = last.file_len - at;
             last.file_len = at;
         }
-        tracing::warn!(dir = %dir.display(), bytes = rec.torn_bytes, "log ended in a torn write (an unclean stop); cut it off");
+        tracing::warn!(dir = %dir.path().display(), bytes = rec.torn_bytes, "log ended in a torn write (an unclean stop); cut it off");
+    } else if let Some(last) = img.segments.last() {
+        // What survived in the page cache (a process crash, not a power loss) is made durable
+        // before this run starts another segment: every segment but the newest is synced whole.
+        Segment::open(&*dir, last.id, true)?.sync()?;
     }
     let mut segs = BTreeMap::new();
     for s in &img.segments {
         segs.insert(
             s.id,
             SegInfo {
-                seg: Arc::new(Segment::open(&dir, s.id, false)?),
+                seg: Arc::new(Segment::open(&*dir, s.id, false)?),
                 len: s.file_len,
                 live: 0,
             },
@@ -147,9 +153,11 @@ pub(crate) fn recover(
             s.live += u64::from(l.len);
         }
     };
-    // The tail of a run that did not sync each turn cannot be proven: seal the live sessions'
-    // epochs at what survived, so no id it may have shown is ever given to another event.
-    let seal = !img.clean && img.last_open_fsync != Some(true);
+    // After any unclean stop, in either durability mode, the tail cannot be proven to be what
+    // clients saw (a disk may drop what it acknowledged; a relaxed run never synced it), and
+    // damage may have taken any session's newest events: seal the live sessions' epochs at
+    // what survived, so no id that may have been shown is ever given to another event (§10b).
+    let seal = !img.clean || img.damaged > 0;
     let mut ws = HashMap::new();
     let mut internal = vec![Internal::Open];
     let mut interrupted = Vec::new();
@@ -158,7 +166,7 @@ pub(crate) fn recover(
         let Some((mut meta, meta_loc)) = s.meta.clone() else {
             continue;
         };
-        let r = s.retained();
+        let mut r = s.retained();
         // Never below a seq the metadata or a trim knows was reached (no reuse, I2).
         let mut head = r.head;
         if let Some((t, _)) = s.trim {
@@ -173,6 +181,24 @@ pub(crate) fn recover(
                 first: 1,
                 last: None,
             });
+        }
+        // The retained events must end at the head and lie in the epochs the metadata names.
+        // Otherwise records were lost (damage, a dropped write) or the metadata is an older copy:
+        // nothing retained can be proven contiguous with what clients hold, so none of it is
+        // served (every cursor into it is refused) and the epoch is sealed past every epoch seen.
+        let max_epoch = s.chunks.values().map(|c| c.epoch).max().unwrap_or(0);
+        let in_epochs = |c: &super::image::ChunkEntry| {
+            meta.epochs.iter().any(|e| {
+                e.epoch == c.epoch
+                    && c.first >= e.first
+                    && e.last.is_none_or(|l| c.first + c.count - 1 <= l)
+            })
+        };
+        let mut lost = false;
+        if !r.chunks.is_empty() && (r.head != head || !r.chunks.iter().all(in_epochs)) {
+            tracing::error!(session = %store.keys.tag(&id.0), retained_head = r.head, head, "a session's retained events do not end at its head or lie outside its epochs (lost or damaged records): none of them is served");
+            r.chunks.clear();
+            lost = true;
         }
         let oldest = if r.chunks.is_empty() {
             head + 1
@@ -220,19 +246,19 @@ pub(crate) fn recover(
             }
         }
         let live = meta.ended.is_none();
-        if live && seal {
+        if live && (seal || lost) {
+            let top = meta.epochs.iter().map(|e| e.epoch).max().unwrap_or(1);
             let last = meta.epochs.last_mut().expect("one epoch");
             if last.last.is_none() {
-                last.last = Some(head);
-                let next = last.epoch + 1;
-                meta.epochs.push(EpochRange {
-                    epoch: next,
-                    first: head + 1,
-                    last: None,
-                });
-                rec.sealed += 1;
-                rewrite_meta = true;
+                last.last = Some(head.max(last.first.saturating_sub(1)));
             }
+            meta.epochs.push(EpochRange {
+                epoch: top.max(max_epoch) + 1,
+                first: head + 1,
+                last: None,
+            });
+            rec.sealed += 1;
+            rewrite_meta = true;
         }
         let ranges = LogRanges {
             epochs: meta.epochs.clone(),
@@ -259,6 +285,10 @@ pub(crate) fn recover(
         if rewrite_meta {
             internal.push(Internal::Meta(sl.clone()));
         }
+        if lost {
+            // The dropped events stay dropped on the next recovery, whatever compaction keeps.
+            internal.push(Internal::Trim(sl.clone()));
+        }
         rec.sessions += 1;
         rec.events += (head + 1).saturating_sub(oldest);
         if live {
@@ -278,7 +308,7 @@ pub(crate) fn recover(
     }
     // This run writes to a segment of its own.
     let active = segs.keys().next_back().map_or(1, |id| id + 1);
-    let seg = Segment::create(&dir, active)?;
+    let seg = Segment::create(&*dir, active)?;
     segs.insert(
         active,
         SegInfo {
@@ -357,20 +387,7 @@ pub(crate) fn spawn(
         .enable_all()
         .build()
         .map_err(|e| StoreError::io("start the log writer's runtime", e))?;
-    let active = state.segs[&state.active].seg.clone();
-    let active_len = state.segs[&state.active].len;
-    let mut w = Writer {
-        store,
-        st: state,
-        active,
-        active_len,
-        dirty: false,
-        compaction: None,
-        pending_ends: Vec::new(),
-        closed: false,
-        last_retry: tokio::time::Instant::now(),
-        probe: 0,
-    };
+    let mut w = Writer::new(store, state);
     let thread = std::thread::Builder::new()
         .name("log-writer".into())
         .spawn(move || rt.block_on(w.run(rx, stopped)))
@@ -378,11 +395,17 @@ pub(crate) fn spawn(
     Ok(Handle { stop, thread })
 }
 
-struct Writer {
+pub(crate) struct Writer {
     store: Arc<Store>,
     st: State,
     active: Arc<Segment>,
     active_len: u64,
+    /// Bytes of the active segment known to be on stable storage (what the next mark says).
+    synced_len: u64,
+    /// Bytes the last turn wrote (what compaction must at least keep pace with).
+    last_written: usize,
+    /// Since when the log is degraded (out of space).
+    degraded_since: Option<tokio::time::Instant>,
     /// Written since the last sync.
     dirty: bool,
     /// Compaction in progress: segment and offset of the next record to look at.
@@ -392,6 +415,14 @@ struct Writer {
     last_retry: tokio::time::Instant,
     /// Bytes of free space that count as "space again" after running out (0 while not degraded).
     probe: usize,
+}
+
+/// Why a turn was not written.
+enum WriteError {
+    /// The `pwrite` failed.
+    Write(StoreError),
+    /// The `fdatasync` failed: what it covered is unknown, even out of space (fsyncgate).
+    Sync(StoreError),
 }
 
 /// What a record written in a turn does once the turn is durable.
@@ -453,6 +484,11 @@ struct Turn {
     building: Vec<Building>,
     index: HashMap<SessionId, usize>,
     post: Vec<Item>,
+    /// Remove records: last in the turn, after every record of their sessions (an end and a
+    /// remove in one turn must not resurrect the session).
+    removes: Vec<Item>,
+    /// Records owed by the writer that this turn carries (owed again if it fails).
+    owed: Vec<Internal>,
     sync: bool,
     acks: Vec<Ack>,
     append_acks: Vec<(Ack, u64)>,
@@ -470,6 +506,7 @@ impl Turn {
             && self.inline.is_empty()
             && self.building.is_empty()
             && self.post.is_empty()
+            && self.removes.is_empty()
     }
 
     fn building(&mut self, log: &Arc<SessionLog>) -> &mut Building {
@@ -544,7 +581,7 @@ impl Writer {
         let mut stoppable = true;
         while open || !self.st.internal.is_empty() {
             // Ops left over from a turn that reached its byte cap, records owed, compaction.
-            let busy = !ops.is_empty() || !self.st.internal.is_empty() || self.wants_compaction();
+            let busy = !ops.is_empty() || self.busy();
             let retrying = !self.pending_ends.is_empty() || self.health() == Health::Degraded;
             tokio::select! {
                 biased;
@@ -583,21 +620,73 @@ impl Writer {
         *self.store.health.borrow()
     }
 
+    /// A writer over recovered `state` (the thread runs it; the simulator drives it directly).
+    pub(crate) fn new(store: Arc<Store>, state: State) -> Self {
+        let active = state.segs[&state.active].seg.clone();
+        let active_len = state.segs[&state.active].len;
+        Writer {
+            store,
+            st: state,
+            active,
+            active_len,
+            // A new segment is created synced (its header and directory entry).
+            synced_len: active_len,
+            last_written: 0,
+            degraded_since: None,
+            dirty: false,
+            compaction: None,
+            pending_ends: Vec::new(),
+            closed: false,
+            last_retry: tokio::time::Instant::now(),
+            probe: 0,
+        }
+    }
+
+    /// Has work of its own (records owed, compaction) to do without waiting for ops.
+    pub(crate) fn busy(&self) -> bool {
+        !self.st.internal.is_empty() || self.wants_compaction()
+    }
+
+    /// The log is over its disk bound and compaction can bring it back: appends wait
+    /// (backpressure reaches the upstream pumps through the channel), nothing is dropped.
+    fn throttled(&self) -> bool {
+        self.health() == Health::Ok
+            && self.store.disk.load(Ordering::Relaxed) > self.store.throttle_bytes()
+            && self.wants_compaction()
+    }
+
     /// One turn: plan, write, sync, publish (or fail).
-    fn turn(&mut self, ops: &mut Vec<Op>) {
+    pub(crate) fn turn(&mut self, ops: &mut Vec<Op>) {
         if self.health() == Health::Failed {
             for op in ops.drain(..) {
                 self.reject(op, &StoreError::Unavailable);
             }
             return;
         }
+        if self.health() == Health::Degraded {
+            let since = *self
+                .degraded_since
+                .get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() >= self.store.degraded_limit {
+                let e = StoreError::io(
+                    "log storage still out of space after log.store_error_exit_secs",
+                    std::io::Error::from_raw_os_error(28),
+                );
+                self.fatal(&e);
+                return self.turn(ops);
+            }
+        } else {
+            self.degraded_since = None;
+        }
         self.rotate_if_full();
         let mut t = Turn {
             compaction_before: self.compaction,
             ..Default::default()
         };
-        if self.health() == Health::Ok {
-            self.compact_slice(&mut t);
+        match self.health() {
+            Health::Ok => self.compact_slice(&mut t),
+            Health::Degraded => self.reclaim_dead(),
+            Health::Failed => {}
         }
         for i in std::mem::take(&mut self.st.internal) {
             self.plan_internal(&mut t, i);
@@ -614,14 +703,17 @@ impl Writer {
             }
         }
         // A turn takes ops up to about `turn_bytes` of events; the rest wait for the next turn, so
-        // the bounds applied after each turn are never overshot by more than one turn.
+        // the bounds applied after each turn are never overshot by more than one turn. Over the
+        // disk bound, ops that carry events wait for compaction.
+        let throttled = self.throttled();
         let mut planned = 0usize;
         let mut taken = 0usize;
         for op in ops.iter() {
-            if taken > 0 && planned >= self.store.turn_bytes {
+            let bytes = op_bytes(op);
+            if (taken > 0 && planned >= self.store.turn_bytes) || (throttled && bytes > 0) {
                 break;
             }
-            planned += op_bytes(op);
+            planned += bytes;
             taken += 1;
         }
         for op in ops.drain(..taken) {
@@ -629,21 +721,24 @@ impl Writer {
         }
         let must_sync = t.sync || self.store.durability == Durability::Fsync;
         if t.is_empty() && !(t.sync && self.dirty) {
+            self.last_written = 0;
             self.publish(t, Vec::new());
             return;
         }
         let (buf, effects) = self.encode(&mut t);
-        let written = self.write(&buf, must_sync);
-        match written {
-            Ok(()) => self.publish(t, effects),
-            Err(e) => {
+        match self.write(&buf, must_sync) {
+            Ok(()) => {
+                self.last_written = buf.len();
+                self.publish(t, effects)
+            }
+            Err(w) => {
                 self.probe = self.probe.max((buf.len() * 2).clamp(1 << 20, 64 << 20));
-                self.fail(t, e)
+                self.fail(t, w)
             }
         }
     }
 
-    fn write(&mut self, buf: &[u8], sync: bool) -> Result<(), StoreError> {
+    fn write(&mut self, buf: &[u8], sync: bool) -> Result<(), WriteError> {
         #[cfg(test)]
         if let Some(kind) = self.store.fail_writes.lock().unwrap().pop_front() {
             // Part of the turn reaches the file, as a real short write would leave it.
@@ -653,16 +748,19 @@ impl Writer {
                 std::io::ErrorKind::ReadOnlyFilesystem => std::io::Error::from_raw_os_error(30),
                 _ => std::io::Error::from_raw_os_error(5),
             };
-            return Err(StoreError::io("write segment", e));
+            return Err(WriteError::Write(StoreError::io("write segment", e)));
         }
         // The turn counts as written only once it is also synced (when it must be): a failure
         // anywhere leaves `active_len` at the turn's start, where `fail` cuts the file.
         if !buf.is_empty() {
-            self.active.write_at(buf, self.active_len)?;
+            self.active
+                .write_at(buf, self.active_len)
+                .map_err(WriteError::Write)?;
         }
         if sync && (self.dirty || !buf.is_empty()) {
-            self.active.sync()?;
+            self.active.sync().map_err(WriteError::Sync)?;
             self.dirty = false;
+            self.synced_len = self.active_len + buf.len() as u64;
         } else if !buf.is_empty() {
             self.dirty = true;
         }
@@ -678,6 +776,17 @@ impl Writer {
         Ok(())
     }
 
+    /// Syncs what was written since the last sync (before segments whose records it supersedes
+    /// are deleted).
+    fn sync_now(&mut self) -> Result<(), StoreError> {
+        if self.dirty {
+            self.active.sync()?;
+            self.dirty = false;
+            self.synced_len = self.active_len;
+        }
+        Ok(())
+    }
+
     /// Starts a new segment once the active one has reached its target size. The full segment is
     /// synced first (in either durability mode), so every segment but the newest is complete on
     /// disk and a torn write can only be at the very end of the log.
@@ -685,15 +794,12 @@ impl Writer {
         if self.active_len < self.store.seg_size || self.health() != Health::Ok {
             return;
         }
-        if self.dirty {
-            if let Err(e) = self.active.sync() {
-                self.fatal(&e);
-                return;
-            }
-            self.dirty = false;
+        if let Err(e) = self.sync_now() {
+            self.fatal(&e);
+            return;
         }
         let id = self.st.active + 1;
-        match Segment::create(&self.store.dir, id) {
+        match Segment::create(&*self.store.fs, id) {
             Ok(seg) => {
                 let seg = Arc::new(seg);
                 let len = record::SEGMENT_HEADER as u64;
@@ -709,6 +815,7 @@ impl Writer {
                 self.st.active = id;
                 self.active = seg;
                 self.active_len = len;
+                self.synced_len = len;
             }
             Err(e) => {
                 // Not fatal: the full segment takes the next turns too.
@@ -718,25 +825,51 @@ impl Writer {
         }
     }
 
+    /// Degraded (out of space): deletes the segments whose records are all dead, so a full disk
+    /// can heal by itself. What superseded their records is synced first.
+    fn reclaim_dead(&mut self) {
+        let dead: Vec<u64> = self
+            .st
+            .segs
+            .iter()
+            .filter(|(id, s)| **id != self.st.active && s.live == 0)
+            .map(|(id, _)| *id)
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        if let Err(e) = self.sync_now() {
+            self.fatal(&e);
+            return;
+        }
+        if self.compaction.is_some_and(|(id, _)| dead.contains(&id)) {
+            self.compaction = None;
+        }
+        for id in dead {
+            tracing::info!(segment = id, "out of space: deleting a segment whose records are all dead");
+            self.delete_segment(id);
+        }
+    }
+
     /// Degraded (out of space): has enough space returned? Writes and deletes a probe file of
     /// twice the size of the write that failed (at least 1 MiB), so that a few freed bytes — the
     /// failed write's own, cut off again — do not make readiness flap.
     fn probe_space(&mut self) {
-        use std::io::Write;
-        let path = self.store.dir.join(".space-probe");
+        const PROBE: &str = ".space-probe";
+        let fs = self.store.fs.clone();
         let want = self.probe;
-        let probe = (|| -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&path)?;
+        let _ = fs.remove(PROBE);
+        let probe = fs.create(PROBE).and_then(|f| {
             let block = vec![0u8; 64 * 1024];
-            let mut left = want;
-            while left > 0 {
-                let n = left.min(block.len());
-                f.write_all(&block[..n])?;
-                left -= n;
+            let mut off = 0usize;
+            while off < want {
+                let n = (want - off).min(block.len());
+                f.write_all_at(&block[..n], off as u64)?;
+                off += n;
             }
             Ok(())
-        })();
-        let _ = std::fs::remove_file(&path);
+        });
+        let _ = fs.remove(PROBE);
         match probe {
             Ok(()) => {
                 tracing::info!(probe_bytes = want, "log storage has space again; ready");
@@ -756,6 +889,7 @@ impl Writer {
     // --- planning ---
 
     fn plan_internal(&mut self, t: &mut Turn, i: Internal) {
+        t.owed.push(i.clone());
         match i {
             Internal::Open => {
                 let mut b = Vec::new();
@@ -764,13 +898,19 @@ impl Writer {
                     self.store.durability == Durability::Fsync,
                     unix_now(),
                 );
-                t.inline.push(Item {
+                // After the metas it may follow (recovery's seals), though a lost seal is redone
+                // anyway: every unclean stop seals.
+                t.post.push(Item {
                     bytes: b,
                     effect: Effect::Open,
                 });
                 t.sync = true;
             }
-            Internal::Meta(log) => t.inline.push(meta_item(&log)),
+            Internal::Meta(log) => {
+                if !log.removed() {
+                    t.inline.push(meta_item(&log));
+                }
+            }
             Internal::Trim(log) => {
                 if log.removed() {
                     return;
@@ -786,10 +926,22 @@ impl Writer {
             Internal::Remove(id) => {
                 let mut b = Vec::new();
                 record::remove(&mut b, &id);
-                t.inline.push(Item {
+                t.removes.push(Item {
                     bytes: b,
                     effect: Effect::Remove(id),
                 });
+            }
+            Internal::Inflight(log, id, stream) => {
+                if log.removed() {
+                    return;
+                }
+                let mut b = Vec::new();
+                record::inflight(&mut b, &log.id, stream, log.assigned(), &id);
+                t.inline.push(Item {
+                    bytes: b,
+                    effect: Effect::Inflight(log, id, stream),
+                });
+                t.sync = true;
             }
         }
     }
@@ -804,7 +956,7 @@ impl Writer {
                 t.inline.push(meta_item(&log));
                 t.acks.push(done);
             }
-            Op::Append { log, evs, done } => {
+            Op::Append { log, evs, done, .. } => {
                 // After a lost append nothing more is logged for the session: later events under
                 // contiguous ids would hide the lost ones.
                 if !log.takes_appends() {
@@ -866,6 +1018,7 @@ impl Writer {
                 reason,
                 evs,
                 done,
+                ..
             } => {
                 if !log.begin_end(reason) {
                     // Idempotent: the end is already written or on its way.
@@ -883,7 +1036,7 @@ impl Writer {
             Op::Remove { session, done } => {
                 let mut b = Vec::new();
                 record::remove(&mut b, &session);
-                t.inline.push(Item {
+                t.removes.push(Item {
                     bytes: b,
                     effect: Effect::Remove(session),
                 });
@@ -920,6 +1073,8 @@ impl Writer {
             off: base + start as u64,
             len: (buf.len() - start) as u32,
         };
+        // The turn's mark: where it starts and how much of the segment was synced before it.
+        record::mark(&mut buf, base, self.synced_len);
         for item in t.copies.drain(..).chain(t.inline.drain(..)) {
             let start = buf.len();
             buf.extend_from_slice(&item.bytes);
@@ -941,7 +1096,7 @@ impl Writer {
                 effects.push((Effect::Chunk(Box::new(out)), place(&mut buf, start)));
             }
         }
-        for item in t.post.drain(..) {
+        for item in t.post.drain(..).chain(t.removes.drain(..)) {
             let start = buf.len();
             buf.extend_from_slice(&item.bytes);
             effects.push((item.effect, place(&mut buf, start)));
@@ -977,10 +1132,22 @@ impl Writer {
 
     /// The turn's write or sync failed: cut it off, roll its seqs back, answer its ops with the
     /// error, report the sessions whose events are lost, and keep the ends it carried.
-    fn fail(&mut self, t: Turn, e: StoreError) {
+    fn fail(&mut self, t: Turn, w: WriteError) {
         self.store.metrics.store_errors.inc();
-        let cut = self.active.truncate(self.active_len);
-        let recoverable = e.is_no_space() && cut.is_ok();
+        let (e, in_sync) = match w {
+            WriteError::Write(e) => (e, false),
+            WriteError::Sync(e) => (e, true),
+        };
+        // The cut is made durable before the seqs it held are handed out again.
+        let cut = self
+            .active
+            .truncate(self.active_len)
+            .and_then(|()| self.active.sync());
+        if cut.is_ok() {
+            self.dirty = false;
+            self.synced_len = self.active_len;
+        }
+        let recoverable = e.is_no_space() && !in_sync && cut.is_ok();
         if recoverable {
             tracing::error!(error = %e, "log write failed: out of space; the sessions it carried end, readiness is lost until writes succeed again");
             self.store.set_health(Health::Degraded);
@@ -990,6 +1157,8 @@ impl Writer {
             }
             self.fatal(&e);
         }
+        // What the turn owed is owed again.
+        self.st.internal.extend(t.owed);
         self.compaction = t.compaction_before;
         for b in &t.building {
             b.log.roll_back();
@@ -1044,13 +1213,16 @@ impl Writer {
     /// acks fire, readers wake.
     fn publish(&mut self, t: Turn, effects: Vec<(Effect, Loc)>) {
         let metrics = self.store.metrics.clone();
-        let mut touched: HashMap<SessionId, Arc<SessionLog>> = HashMap::new();
+        // Ordered, so that what follows from a turn (trims, their records) is the same in every
+        // run of the same ops (the simulator replays seeds exactly).
+        let mut touched: BTreeMap<SessionId, Arc<SessionLog>> = BTreeMap::new();
         for (effect, loc) in effects {
             match effect {
                 Effect::Moved { key, old } => self.moved(key, old, loc),
                 // A record of a session deleted meanwhile is dead on arrival.
                 Effect::Meta(log) | Effect::Inflight(log, ..) | Effect::Trim(log)
                     if log.removed() => {}
+                Effect::Chunk(c) if c.log.removed() => {}
                 Effect::Meta(log) => {
                     let w = self.st.ws.entry(log.id).or_default();
                     let old = w.meta.replace(loc);
@@ -1269,7 +1441,7 @@ impl Writer {
                 .lock_logs()
                 .values()
                 .filter(|l| l.size().2 > 1)
-                .max_by_key(|l| l.bytes())
+                .max_by_key(|l| (l.bytes(), l.id))
                 .cloned();
             let Some(log) = largest else { break };
             let (n, b, _) = log.size();
@@ -1346,17 +1518,19 @@ impl Writer {
             return;
         };
         let (seg, len) = (info.seg.clone(), info.len);
+        // Reclaim at least what the last turn wrote (twice it), so a flood cannot outrun it.
+        let budget = COMPACT_SLICE.max(2 * self.last_written);
         let mut read = 0usize;
-        while off < len && read < COMPACT_SLICE {
-            let want = ((len - off) as usize).min(COMPACT_SLICE);
+        while off < len && read < budget {
+            let want = ((len - off) as usize).min(budget);
             let mut block = vec![0u8; want];
             if let Err(e) = seg.read_at(&mut block, off) {
-                tracing::error!(segment = id, error = %e, "compaction cannot read a segment; left as it is");
                 self.compaction = None;
+                self.fatal(&e);
                 return;
             }
             let mut pos = 0;
-            loop {
+            while pos < block.len() {
                 match record::read_frame(&block[pos..]) {
                     Ok((ty, body, n)) => {
                         let old = Loc {
@@ -1371,28 +1545,40 @@ impl Writer {
                             });
                         }
                         pos += n;
-                        if pos == block.len() {
-                            break;
-                        }
                     }
-                    Err(record::FrameError::Short { need }) if pos == 0 => {
+                    Err(record::FrameError::Short { need })
+                        if pos == 0 && off + (need as u64) <= len =>
+                    {
                         // One record longer than the slice: read it whole.
                         let mut big = vec![0u8; need];
-                        if seg.read_at(&mut big, off).is_err() {
+                        if let Err(e) = seg.read_at(&mut big, off) {
                             self.compaction = None;
+                            self.fatal(&e);
                             return;
                         }
                         block = big;
                     }
-                    Err(record::FrameError::Short { .. }) => break,
-                    Err(record::FrameError::Corrupt) => {
-                        tracing::error!(
-                            segment = id,
-                            offset = off + pos as u64,
-                            "compaction found a corrupt record; the segment is kept"
-                        );
-                        self.compaction = None;
-                        return;
+                    Err(record::FrameError::Short { need }) if off + ((pos + need) as u64) <= len => {
+                        // The rest of this record is in the next block.
+                        break;
+                    }
+                    Err(_) => {
+                        // Damage (every segment compaction reads was synced whole): skip to the
+                        // next intact record; whatever live record was in between is repaired.
+                        let from = off + pos as u64;
+                        let mut rest = vec![0u8; (len - from) as usize];
+                        if let Err(e) = seg.read_at(&mut rest, from) {
+                            self.compaction = None;
+                            self.fatal(&e);
+                            return;
+                        }
+                        let skip = resync(&rest);
+                        self.damaged(id, from, from + skip as u64);
+                        off = from + skip as u64;
+                        read += pos + skip;
+                        pos = 0;
+                        block.clear();
+                        break;
                     }
                 }
             }
@@ -1405,6 +1591,72 @@ impl Writer {
             t.sync = true;
         } else {
             self.compaction = Some((id, off));
+        }
+    }
+
+    /// Records in `start..end` of segment `seg` are damaged (found by compaction): counted and
+    /// logged once; the live ones among them are repaired. A chunk cannot be: its session drops
+    /// every event up to its end, so a resume into or before it is refused (`cursor_trimmed`)
+    /// and nothing after it is served as contiguous with what came before. Metadata, trims,
+    /// in-flight and open records are written again from memory.
+    fn damaged(&mut self, seg: u64, start: u64, end: u64) {
+        self.store.metrics.store_damage.inc();
+        tracing::error!(
+            segment = seg,
+            offset = start,
+            bytes = end - start,
+            "damaged log records (checksum failure in synced data); their sessions lose the events up to them"
+        );
+        let hit = |l: &Loc| l.seg == seg && l.off >= start && l.off < end;
+        let logs: Vec<Arc<SessionLog>> = {
+            let mut v: Vec<_> = self.store.lock_logs().values().cloned().collect();
+            v.sort_by_key(|l| l.id);
+            v
+        };
+        for log in logs {
+            if let Some(through) = log.damaged_chunk_end(&hit) {
+                for l in log.drop_before(through) {
+                    self.kill(l);
+                }
+                self.st.internal.push(Internal::Trim(log.clone()));
+                tracing::error!(session = %log.tag, oldest = through, "a session's events up to a damaged chunk are no longer served");
+            }
+            let Some(w) = self.st.ws.get_mut(&log.id) else {
+                continue;
+            };
+            let mut dead = Vec::new();
+            if let Some(l) = w.meta.filter(hit) {
+                w.meta = None;
+                dead.push(l);
+                self.st.internal.push(Internal::Meta(log.clone()));
+            }
+            if let Some(l) = w.trim.filter(hit) {
+                w.trim = None;
+                dead.push(l);
+                self.st.internal.push(Internal::Trim(log.clone()));
+            }
+            let reqs: Vec<String> = w
+                .inflight
+                .iter()
+                .filter(|(_, l)| hit(l))
+                .map(|(r, _)| r.clone())
+                .collect();
+            for r in reqs {
+                if let Some(l) = w.inflight.remove(&r) {
+                    dead.push(l);
+                }
+                if let Some(stream) = log.inflight_stream(&r) {
+                    self.st.internal.push(Internal::Inflight(log.clone(), r, stream));
+                }
+            }
+            for l in dead {
+                self.kill(l);
+            }
+        }
+        if let Some(l) = self.st.open_loc.filter(hit) {
+            self.st.open_loc = None;
+            self.kill(l);
+            self.st.internal.push(Internal::Open);
         }
     }
 
@@ -1429,7 +1681,7 @@ impl Writer {
             Type::Open => (self.st.open_loc == Some(old)).then_some(MovedKey::Open),
             // Their effect is in the state already; nothing older than the oldest segment
             // remains for them to act on.
-            Type::InflightDone | Type::Remove | Type::Clean => None,
+            Type::InflightDone | Type::Remove | Type::Clean | Type::Mark => None,
         }
     }
 
@@ -1446,10 +1698,7 @@ impl Writer {
             return;
         }
         let info = self.st.segs.remove(&id).expect("present");
-        let removed = std::fs::remove_file(info.seg.path())
-            .map_err(|e| StoreError::io("delete segment", e))
-            .and_then(|()| segment::sync_dir(&self.store.dir));
-        match removed {
+        match self.store.fs.remove(&segment::file_name(id)) {
             Ok(()) => {
                 let _ = self
                     .store
@@ -1460,9 +1709,16 @@ impl Writer {
                 tracing::debug!(segment = id, bytes = info.len, "compacted segment deleted");
             }
             Err(e) => {
-                self.store.metrics.store_errors.inc();
-                tracing::error!(segment = id, error = %e, "cannot delete a compacted segment");
+                // Kept (its bytes still count); a log that cannot delete cannot keep its bound.
+                self.st.segs.insert(id, info);
+                self.fatal(&StoreError::io("delete segment", e));
+                return;
             }
+        }
+        // The removal is durable before anything relies on it: a deleted segment that came back
+        // after a crash could bring back records that later segments no longer supersede.
+        if let Err(e) = segment::sync_dir(&*self.store.fs) {
+            self.fatal(&e);
         }
     }
 }
@@ -1488,6 +1744,9 @@ fn meta_item(log: &Arc<SessionLog>) -> Item {
 
 /// Adds an end (its events, the marker among them, then its meta) to the turn.
 fn plan_end(t: &mut Turn, pe: PendingEnd, ack: Option<Ack>) {
+    // A client may be told of the end (and of the answers in it, e.g. a task's final result):
+    // durable in either durability mode (§10b).
+    t.sync = true;
     let now = tokio::time::Instant::now();
     for (stream, kind, payload, completes) in pe.evs.clone() {
         t.add_event(&pe.log, stream, kind, payload, now, completes);
