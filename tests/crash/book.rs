@@ -324,9 +324,9 @@ pub struct Sess {
     pub trim: bool,
     /// Oldest retained seq and head at the last check (from the listing).
     pub retained: Option<(u64, u64)>,
-    /// First seq of a chunk record of it whose synced bytes were damaged: from then on every
-    /// resume must be refused.
-    pub damage: Option<u64>,
+    /// Seqs `first..end` of a chunk record of it whose synced bytes were damaged: from then on
+    /// every resume must be refused.
+    pub damage: Option<(u64, u64)>,
     /// The damage has not yet met a resume.
     pub damage_pending: bool,
     /// Evicted for space: its resumes must get 404.

@@ -282,14 +282,14 @@ pub struct Damage {
 /// of an fsync-mode proxy losing power (then nothing in the newest segment is known synced).
 ///
 /// # Errors
-/// The data dir could not be read or the segment written.
+/// The data dir could not be read or the segment written (`Ok(Err(why))`: nothing to damage).
 pub fn inject(
     data: &Path,
     rng: &mut Rng,
     synced: &BTreeMap<u64, u64>,
     witness: Option<Witness<'_>>,
     eligible: &dyn Fn(&str) -> bool,
-) -> Result<Option<Damage>, String> {
+) -> Result<Result<Damage, String>, String> {
     let scan = scan(data)?;
     let sole = scan.sole_live_chunks();
     let mut cands: Vec<(usize, Region)> = Vec::new();
@@ -320,9 +320,14 @@ pub fn inject(
             }
         }
     }
+    let found = cands.len();
     cands.retain(|(i, _)| eligible(scan.recs[*i].session.as_deref().unwrap_or("")));
     if cands.is_empty() {
-        return Ok(None);
+        return Ok(Err(format!(
+            "no chunk record to damage: {} chunk records, {} of them sole live copies, {found} of those known synced, none of a session with a cursor",
+            scan.recs.iter().filter(|r| r.ty == 1).count(),
+            sole.len()
+        )));
     }
     // Both regions equally likely when both have candidates.
     let want_newest = rng.chance(0.5);
@@ -366,7 +371,7 @@ pub fn inject(
         .and_then(|_| f.sync_all())
         .map_err(|e| format!("write {}: {e}", path.display()))?;
     let (first, count) = r.seqs.expect("a chunk");
-    Ok(Some(Damage {
+    Ok(Ok(Damage {
         sid: r.session.clone().expect("a chunk has a session"),
         first,
         count,

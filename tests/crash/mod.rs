@@ -540,16 +540,19 @@ impl Run {
         let w: damage::Witness<'_> = &witness;
         let hit = damage::inject(data, rng, synced, fsync_crashed.map(|_| w), &eligible)
             .unwrap_or_else(|e| panic!("crash harness: damaging the data dir failed: {e}"));
-        let Some(d) = hit else {
-            self.stats().damage_skipped += 1;
-            eprintln!("crash-damage: {label}: no chunk record known synced to damage");
-            return;
+        let d = match hit {
+            Ok(d) => d,
+            Err(why) => {
+                self.stats().damage_skipped += 1;
+                eprintln!("crash-damage: {label}: {why}");
+                return;
+            }
         };
         let s = book
             .iter_mut()
             .find(|s| s.sid == d.sid)
             .expect("eligible sessions are in the book");
-        s.damage = Some(d.first);
+        s.damage = Some((d.first, d.first + d.count));
         s.damage_pending = true;
         {
             let mut st = self.stats();
@@ -675,19 +678,21 @@ impl Run {
             let t0 = Instant::now();
             let wait = rng.range(self.profile.abort_ms.0, self.profile.abort_ms.1);
             if f.damage {
-                // A damage cycle also makes part of the flood's writes certainly durable: a
-                // syncfs by the harness at a random moment (the previous check's segments may be
-                // compacted away by now).
-                let at = frng.range(wait / 5, wait * 4 / 5);
-                sleep(Duration::from_millis(at)).await;
+                // A damage cycle also makes the flood's writes so far certainly durable: a syncfs
+                // by the harness shortly before the abort (under retention, chunks synced earlier
+                // are dead by the abort; the previous check's segments may be compacted away).
+                // The lengths are read first: what is appended while syncfs runs is not covered.
+                let before = frng.range(0, 30).min(wait);
+                sleep(Duration::from_millis(wait - before)).await;
+                let lengths = fs::Image::segment_lengths(&data);
                 image
                     .sync()
                     .unwrap_or_else(|e| panic!("crash harness: syncfs failed: {e}"));
-                for (id, len) in fs::Image::segment_lengths(&data) {
+                for (id, len) in lengths {
                     let l = synced.entry(id).or_default();
                     *l = (*l).max(len);
                 }
-                sleep(Duration::from_millis(wait - at)).await;
+                sleep(Duration::from_millis(before)).await;
             } else {
                 sleep(Duration::from_millis(wait)).await;
             }

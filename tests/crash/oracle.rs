@@ -346,7 +346,7 @@ fn durable(s: &Sess, v: &LogView, st: &mut Stats) {
                 Some(e) => st.violation(
                     V::DamageServedWrong,
                     format!(
-                        "session {} (damaged at seq {:?}): {} is {:?} in the log, other bytes than at the previous check",
+                        "session {} (damaged at seqs {:?}): {} is {:?} in the log, other bytes than at the previous check",
                         s.short(),
                         s.damage,
                         book::cursor(&s.sid, *id),
@@ -468,7 +468,7 @@ enum Want {
     /// Evicted for space: 404.
     Gone,
     /// Synced data of the session was damaged: any refusal (404, or 409 `cursor_ahead`,
-    /// `cursor_trimmed`, `unknown_epoch`, `damaged`).
+    /// `cursor_trimmed`, `unknown_epoch`, `damaged`), for a cursor into or past the damage.
     Damaged,
 }
 
@@ -496,10 +496,12 @@ pub async fn resumes(
         let behind = s.trim
             && s.retained
                 .is_some_and(|(oldest, head)| last.1 + 1 < oldest && last.1 < head);
-        let want = if s.damage.is_some() {
-            Want::Damaged
-        } else if s.evicted {
+        let want = if s.evicted {
+            // (A damaged session evicted before its next resume: 404 is all that is left.)
+            s.damage_pending = false;
             Want::Gone
+        } else if s.damage.is_some() {
+            Want::Damaged
         } else if s.loss {
             Want::Loss
         } else if behind {
@@ -601,12 +603,17 @@ pub async fn resumes(
                 ),
             ),
             (Want::Damaged, None) => {
+                let (first, end) = s.damage.unwrap_or((0, 0));
                 st.violation(
                     V::DamageServedWrong,
                     format!(
-                        "session {}: its chunk from seq {} was damaged in synced data, yet the resume from {cur} was served (200) by instance {inst} ({})",
+                        "session {}: its chunk of seqs {first}..{end} was damaged in synced data, yet the resume from {cur} ({}) was served (200) by instance {inst} ({})",
                         s.short(),
-                        s.damage.unwrap_or(0),
+                        if last.1 >= end {
+                            "past the damage; §10b: resumes into or past it are refused"
+                        } else {
+                            "into the damage"
+                        },
                         mode.as_str()
                     ),
                 );
