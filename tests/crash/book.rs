@@ -67,11 +67,16 @@ pub enum V {
     /// Anything else the contract forbids (an event without an id, a stream of an ended session
     /// that stays open, a session still live after recovery, a proxy exit before the abort, …).
     Protocol,
+    /// Synced data of a session was damaged, and a resume into or past it was served (200), or the
+    /// log kept the damaged bytes under an id (design.md §10b: damage is never a torn tail).
+    DamageServedWrong,
+    /// The proxy that recovered a damaged log did not count it in `mcp_resume_store_damage_total`.
+    DamageUncounted,
 }
 
 impl V {
     /// Every kind, in summary order.
-    pub const ALL: [V; 10] = [
+    pub const ALL: [V; 12] = [
         V::ServedDifferentContent,
         V::SilentGap,
         V::Duplicate,
@@ -82,6 +87,8 @@ impl V {
         V::Unanswered,
         V::RestartFailure,
         V::Protocol,
+        V::DamageServedWrong,
+        V::DamageUncounted,
     ];
 
     /// The summary's name for it.
@@ -97,6 +104,8 @@ impl V {
             V::Unanswered => "unanswered_requests",
             V::RestartFailure => "restart_failures",
             V::Protocol => "protocol_errors",
+            V::DamageServedWrong => "damage_served_wrong",
+            V::DamageUncounted => "damage_uncounted",
         }
     }
 }
@@ -134,6 +143,44 @@ pub struct Stats {
     pub refusals: BTreeMap<String, u64>,
     /// Sessions that lost events and whose resume was refused (as it must be).
     pub lost_tails_refused: u64,
+    /// Sessions whose client's cursor is older than the retained window and whose resume was
+    /// refused `409 cursor_trimmed` (as it must be).
+    pub trimmed_refused: u64,
+    /// Sessions with damaged synced data whose resume was refused (as it must be).
+    pub damage_refused: u64,
+    /// Journal aborts (`trigger_fs_error`) instead of the shutdown ioctl.
+    pub journal_aborts: u64,
+    /// Of those, how many came within a few ms of a client receiving an event.
+    pub journal_after_delivery: u64,
+    /// Microseconds from that event to the trigger, min/max.
+    pub journal_delay_us: (u64, u64),
+    /// Events received from an fsync-mode proxy and lost to a journal abort (allowed when the
+    /// resume is refused: design.md §10b, the disk may not keep what it acknowledged).
+    pub journal_lost_events: u64,
+    /// `e2fsck -fy` runs after journal aborts: found nothing, fixed something.
+    pub fsck: (u64, u64),
+    /// Recovering proxies cut by a second power loss.
+    pub recovery_aborts: u64,
+    /// Of those, cut after the proxy said it was listening.
+    pub recovery_aborts_listening: u64,
+    /// Chunk records damaged (bit flips in synced data).
+    pub damage_injected: u64,
+    /// Of those, below a segment length seen after a syncfs of the harness / in the newest
+    /// segment before a record a client received from an fsync-mode proxy.
+    pub damage_where: (u64, u64),
+    /// Damage cycles with no chunk record to damage.
+    pub damage_skipped: u64,
+    /// Events of damaged sessions gone from the log (allowed: their resumes must be refused).
+    pub damage_lost_events: u64,
+    /// Images with trimming on and small segments.
+    pub trim_images: u64,
+    /// Received events older than the retained window (trimmed, so no longer comparable).
+    pub trimmed_events: u64,
+    /// Sessions evicted for space (`log.max_total_bytes`): their resumes must get 404.
+    pub evicted: u64,
+    /// Live streams that fell behind retention and whose resume mid-flood was refused
+    /// `cursor_trimmed` (the client then left that session).
+    pub flood_trimmed: u64,
     /// Events received from a relaxed-mode proxy and lost (allowed when the resume is refused).
     pub lost_relaxed_events: u64,
     /// Accepted requests with no answer whose in-flight record a relaxed-mode crash could lose.
@@ -273,11 +320,22 @@ pub struct Sess {
     pub proven: Option<BTreeMap<Id, (String, u64)>>,
     /// Its `inspect` listing row at the last check.
     pub listing: Option<String>,
+    /// It lives in an image with trimming on: retention may have dropped its oldest events.
+    pub trim: bool,
+    /// Oldest retained seq and head at the last check (from the listing).
+    pub retained: Option<(u64, u64)>,
+    /// Seqs `first..end` of a chunk record of it whose synced bytes were damaged: from then on
+    /// every resume must be refused.
+    pub damage: Option<(u64, u64)>,
+    /// The damage has not yet met a resume.
+    pub damage_pending: bool,
+    /// Evicted for space: its resumes must get 404.
+    pub evicted: bool,
 }
 
 impl Sess {
     /// A session just opened.
-    pub fn new(sid: String, cycle: u32) -> Self {
+    pub fn new(sid: String, cycle: u32, trim: bool) -> Self {
         Sess {
             sid,
             cycle,
@@ -291,6 +349,11 @@ impl Sess {
             state: State::Open,
             proven: None,
             listing: None,
+            trim,
+            retained: None,
+            damage: None,
+            damage_pending: false,
+            evicted: false,
         }
     }
 

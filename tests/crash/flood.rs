@@ -2,11 +2,13 @@
 //! floods (unpaced or thousands per second, never finishing) plus short `emit`s and `echo`s that
 //! do finish, and read their stream concurrently, recording every event (id and exact bytes).
 //! Some cut their connection and resume mid-flood; some move on to a second session. They keep
-//! going until the filesystem is aborted and the proxy is killed under them.
+//! going until the filesystem is aborted and the proxy is killed under them. With trimming on, a
+//! client that falls behind retention has its stream closed, and its resume must be refused
+//! `409 cursor_trimmed`; it then leaves that session.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc as sync_mpsc, Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
@@ -39,6 +41,35 @@ pub struct Ctx {
     pub stop: AtomicBool,
     /// Counters and violations.
     pub stats: Arc<Mutex<Stats>>,
+    /// The proxy trims (retention, eviction): a stream may be closed because its reader fell
+    /// behind, and its resume refused `cursor_trimmed`.
+    pub trim: bool,
+    /// Told of every event a client records (the journal abort waits for one).
+    pub delivery: Trigger,
+}
+
+/// Reports the next event a client records, once armed: the journal abort comes ~1 ms after a
+/// delivery.
+#[derive(Default)]
+pub struct Trigger {
+    armed: AtomicBool,
+    tx: Mutex<Option<sync_mpsc::Sender<std::time::Instant>>>,
+}
+
+impl Trigger {
+    /// The next event recorded is sent on `tx` (with the moment it was recorded).
+    pub fn arm(&self, tx: sync_mpsc::Sender<std::time::Instant>) {
+        *self.tx.lock().unwrap_or_else(|e| e.into_inner()) = Some(tx);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn delivered(&self) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            if let Some(tx) = self.tx.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                let _ = tx.send(std::time::Instant::now());
+            }
+        }
+    }
 }
 
 impl Ctx {
@@ -94,7 +125,7 @@ async fn open(ctx: &Ctx) -> Option<(Sess, Box<SseConn>)> {
     match ep.strip_prefix("/messages?session_id=") {
         Some(sid) if ev.event.as_deref() == Some("endpoint") && ev.id.is_none() => {
             ctx.stats().sessions += 1;
-            Some((Sess::new(sid.to_string(), ctx.cycle), c))
+            Some((Sess::new(sid.to_string(), ctx.cycle, ctx.trim), c))
         }
         _ => {
             ctx.stats().violation(
@@ -218,6 +249,8 @@ fn on_event(ctx: &Ctx, s: &mut Sess, c: &mut Conn, ev: wire::SseEvent) {
     c.expect = id.1 + 1;
     c.epoch = c.epoch.max(id.0);
     s.record(&mut st, id, &ev.data, ctx.inst, ctx.mode);
+    drop(st);
+    ctx.delivery.delivered();
 }
 
 /// Runs one session until the proxy dies (or, when `more` is set, until the client moves on to
@@ -305,6 +338,12 @@ async fn drive(ctx: &Ctx, rng: &mut Rng, mut s: Sess, first: Box<SseConn>, more:
                         break;
                     }
                 },
+                Opened::Status(409, body) if ctx.trim && body.contains("\"cursor_trimmed\"") => {
+                    // It fell behind retention: refused, never skipped. A fresh stream would be
+                    // a new session; the client leaves this one (the oracle resumes it later).
+                    ctx.stats().flood_trimmed += 1;
+                    break;
+                }
                 Opened::Status(st, body) => {
                     if !ctx.aborted() {
                         ctx.stats().violation(
@@ -336,6 +375,12 @@ async fn drive(ctx: &Ctx, rng: &mut Rng, mut s: Sess, first: Box<SseConn>, more:
             Next::End | Next::Cut { .. } => {
                 if ctx.aborted() {
                     break;
+                }
+                if ctx.trim {
+                    // Closed because it fell behind retention (the resume must then be
+                    // refused), or for no reason (then the resume continues it exactly).
+                    conn = None;
+                    continue;
                 }
                 ctx.stats().violation(
                     V::Protocol,

@@ -1,7 +1,9 @@
-//! The filesystem under test: an ext4 image on a loop device, mounted, and the simulated power
-//! loss — the ext4 shutdown ioctl without a log flush (what xfstests' `godown` does), after which
-//! the image is copied as it is and the copy is mounted (journal replay), so nothing the old
-//! mount writes while it is torn down can reach the state the proxy recovers from.
+//! The filesystem under test: an ext4 image on a loop device, mounted with `errors=remount-ro`,
+//! and its two faults — the simulated power loss (the ext4 shutdown ioctl without a log flush,
+//! what xfstests' `godown` does) and the journal abort (`/sys/fs/ext4/<dev>/trigger_fs_error`,
+//! which aborts the journal and remounts read-only). After either, the image is copied as it is
+//! and the copy is mounted (journal replay; after a journal abort `e2fsck -fy` first), so nothing
+//! the old mount writes while it is torn down can reach the state the proxy recovers from.
 //!
 //! Every step fails loudly: this harness needs root, `losetup`, `mkfs.ext4` and `mount`, and a
 //! missing one is a failed test, never a skipped one. [`Image`] undoes everything on drop (also
@@ -114,9 +116,18 @@ impl Image {
             return Err(format!("losetup printed {dev:?}, not a loop device"));
         }
         self.dev = Some(dev.clone());
+        // errors=remount-ro: an ext4 error (trigger_fs_error) aborts the journal and stops all
+        // writes, rather than being logged and ignored (errors=continue).
         run(
             "mount",
-            &["-t", "ext4", &dev, &self.mnt.display().to_string()],
+            &[
+                "-t",
+                "ext4",
+                "-o",
+                "errors=remount-ro",
+                &dev,
+                &self.mnt.display().to_string(),
+            ],
         )?;
         self.mounted = true;
         Ok(())
@@ -150,6 +161,24 @@ impl Image {
         Ok(())
     }
 
+    /// The journal abort: an ext4 error raised through `/sys/fs/ext4/<dev>/trigger_fs_error`.
+    /// With `errors=remount-ro` the kernel aborts the journal at once (nothing not yet committed
+    /// is committed any more) and remounts the filesystem read-only; the processes using it go
+    /// on running and see their writes and syncs fail.
+    ///
+    /// # Errors
+    /// When the sysfs file cannot be written.
+    pub fn trigger_fs_error(path: &Path) -> Result<(), String> {
+        std::fs::write(path, b"crash harness: journal abort\n")
+            .map_err(|e| format!("write {}: {e}", path.display()))
+    }
+
+    /// The sysfs file that raises an ext4 error on this filesystem.
+    pub fn fs_error_path(&self) -> PathBuf {
+        let dev = self.device().trim_start_matches("/dev/");
+        PathBuf::from(format!("/sys/fs/ext4/{dev}/trigger_fs_error"))
+    }
+
     /// After [`Image::abort`] (and after every process using the filesystem has exited): copies
     /// the image as the abort left it, tears the aborted mount down (its unmount may still write
     /// a superblock or checkpoint into the *old* file, which is then deleted) and mounts the copy,
@@ -158,6 +187,20 @@ impl Image {
     /// # Errors
     /// When a step fails; the image is then left unmounted (drop still cleans up).
     pub fn power_cycle(&mut self) -> Result<(), String> {
+        self.cycle(false).map(|_| ())
+    }
+
+    /// [`Image::power_cycle`] after a journal abort: the copy is checked and repaired with
+    /// `e2fsck -fy` (which replays the journal) before it is mounted, as a boot would after an
+    /// error recorded in the superblock. Returns whether e2fsck changed anything.
+    ///
+    /// # Errors
+    /// When a step fails, or e2fsck leaves errors uncorrected (exit status 4 or more).
+    pub fn fsck_cycle(&mut self) -> Result<bool, String> {
+        self.cycle(true)
+    }
+
+    fn cycle(&mut self, fsck: bool) -> Result<bool, String> {
         self.snapshots += 1;
         let snap = self
             .img
@@ -166,7 +209,48 @@ impl Image {
         self.teardown()?;
         let _ = std::fs::remove_file(&self.img);
         self.img = snap;
-        self.attach_and_mount()
+        let mut fixed = false;
+        if fsck {
+            let img = self.img.display().to_string();
+            let out = Command::new("e2fsck")
+                .args(["-fy", &img])
+                .output()
+                .map_err(|e| format!("`e2fsck -fy {img}` could not run: {e}"))?;
+            // 0: clean; 1: errors corrected; 2: corrected, reboot (a root filesystem); 4 and
+            // up: errors left, or e2fsck failed.
+            match out.status.code() {
+                Some(0) => {}
+                Some(1) | Some(2) => fixed = true,
+                other => {
+                    return Err(format!(
+                        "`e2fsck -fy {img}` exited {other:?}: {}",
+                        String::from_utf8_lossy(&out.stdout).trim()
+                    ))
+                }
+            }
+        }
+        self.attach_and_mount()?;
+        Ok(fixed)
+    }
+
+    /// The segment files of the data dir `data` with their lengths, by segment id (the proxy
+    /// must not run): what a check saw after `syncfs`, so later damage can be put where the
+    /// data was certainly synced.
+    pub fn segment_lengths(data: &Path) -> std::collections::BTreeMap<u64, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        let Ok(dir) = std::fs::read_dir(data) else {
+            return out;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = super::damage::segment_id(&name) else {
+                continue;
+            };
+            if let Ok(m) = e.metadata() {
+                out.insert(id, m.len());
+            }
+        }
+        out
     }
 
     /// `syncfs` on the mounted filesystem: what the harness has read back becomes the baseline

@@ -10,9 +10,15 @@
 //!    it, allowed for relaxed mode only when the resume below is refused.
 //! 3. **Resumes** (proxy restarted): each session is resumed with the last cursor its client
 //!    received. A session that lost events must be refused (409 `cursor_ahead`/`unknown_epoch`, or
-//!    404). Otherwise the answer must be the rest of the log exactly — seq+1 onwards, same ids, same
-//!    bytes, up to the end marker, and then the stream ends — or 404 when only the end marker is
-//!    left. Then every request the proxy accepted must have exactly one answer in the history.
+//!    404); one whose cursor is older than the retained window (trimming on) must get 409
+//!    `cursor_trimmed`; one whose synced data was damaged must be refused (any of those, or 409
+//!    `damaged`); an evicted one 404. Otherwise the answer must be the rest of the log exactly —
+//!    seq+1 onwards, same ids, same bytes, up to the end marker, and then the stream ends — or 404
+//!    when only the end marker is left. Then every request the proxy accepted must have exactly
+//!    one answer in the history.
+//!
+//! With trimming on, a received event older than the session's retained window is no longer
+//! compared (`trimmed_events`); everything from the oldest retained seq on is, as before.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -22,6 +28,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::book::{self, Id, Post, Sess, State, Stats, V};
+use super::damage;
 use super::procs::{self, Mode};
 use super::wire::{self, Next, Opened};
 
@@ -52,6 +59,11 @@ pub struct LogView {
 }
 
 impl LogView {
+    /// The oldest seq in the view.
+    fn oldest(&self) -> Option<u64> {
+        self.evs.first().map(|e| e.id.1)
+    }
+
     /// The events after seq `after`, in order.
     fn after(&self, after: u64) -> &[LogEv] {
         let i = self.evs.partition_point(|e| e.id.1 <= after);
@@ -125,6 +137,12 @@ pub fn parse_listing(out: &[u8]) -> BTreeMap<String, (String, String)> {
     m
 }
 
+/// The oldest and head columns of a listing row (`-` when nothing is retained).
+fn listed_range(row: &str) -> Option<(u64, u64)> {
+    let mut it = row.split_whitespace().skip(3);
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
 /// What the check needs to know about the run so far.
 pub struct CheckCtx<'a> {
     /// The proxy binary (for `inspect`).
@@ -135,6 +153,9 @@ pub struct CheckCtx<'a> {
     pub cycle: u32,
     /// Read every session in full (the last check of an image generation).
     pub full: bool,
+    /// The crashed proxy instance, when the fault was a journal abort (not a power loss): what
+    /// it served in fsync mode may be lost, and must then be refused (design.md §10b).
+    pub journal_inst: Option<u32>,
 }
 
 /// Part 1 and 2: reads the log and compares. Returns the logs read (sessions read in full).
@@ -157,11 +178,43 @@ pub fn check_log(
         }
     }
     let mut views = HashMap::new();
+    let mut scan: Option<damage::Scan> = None;
     for s in book.iter_mut() {
         let row = listing.get(&s.sid);
+        s.retained = row.and_then(|r| listed_range(&r.1));
         let changed = row.map(|r| &r.1) != s.listing.as_ref();
-        if !(cx.full || s.state == State::Open || changed) {
+        if s.evicted || !(cx.full || s.state == State::Open || changed) {
             continue;
+        }
+        if row.is_none() && s.trim && !s.rcv.is_empty() {
+            // Evicted for space (log.max_total_bytes)? Only on purpose: a remove record, or
+            // (for a session a check saw before) nothing of it left at all.
+            if scan.is_none() {
+                scan = Some(damage::scan(cx.data)?);
+            }
+            let sc = scan.as_ref().expect("scanned");
+            if sc.removed(&s.sid) || (s.listing.is_some() && !sc.holds(&s.sid)) {
+                s.evicted = true;
+                st.evicted += 1;
+                for r in s.rcv.values_mut() {
+                    r.checked = true;
+                    r.snip = None;
+                }
+                s.listing = None;
+                s.proven = None;
+                continue;
+            }
+            if s.listing.is_some() {
+                st.violation(
+                V::LostDurable,
+                format!(
+                    "session {} is no longer in the log, but not evicted (no remove record; records of it left: {}); previous listing {:?}",
+                    s.short(),
+                    sc.holds(&s.sid),
+                    s.listing
+                ),
+            );
+            }
         }
         let view = match row {
             None => LogView::default(),
@@ -173,6 +226,8 @@ pub fn check_log(
         if s.cycle == cx.cycle {
             match row.map(|r| r.0.as_str()) {
                 None | Some("ended:upstream_lost") => {}
+                // A proxy that met the journal abort may have ended it itself.
+                Some("ended:store_error") if cx.journal_inst.is_some() => {}
                 Some(other) => st.violation(
                     V::Protocol,
                     format!(
@@ -184,7 +239,7 @@ pub fn check_log(
         }
         consistency(s, &view, st);
         durable(s, &view, st);
-        received(s, &view, st);
+        received(s, &view, cx.journal_inst, st);
         s.listing = row.map(|r| r.1.clone());
         s.proven = Some(
             view.evs
@@ -198,13 +253,17 @@ pub fn check_log(
 }
 
 /// The log of one session is a gap-free, repeat-free sequence ending with its end marker, and the
-/// upstream's `emit` numbering in it has no hole.
+/// upstream's `emit` numbering in it has no hole. It starts at seq 1 unless retention may have
+/// trimmed it. A session with damaged data may have lost any part of it, end marker included;
+/// what is left must still be in order.
 fn consistency(s: &Sess, v: &LogView, st: &mut Stats) {
     let mut prev: Option<Id> = None;
-    let mut emit_prev = 0u64;
+    // The first emit tag retained may be any when the log does not start at seq 1.
+    let mut emit_prev: Option<u64> = (v.oldest() == Some(1) && s.damage.is_none()).then_some(0);
+    let damaged = s.damage.is_some();
     for (i, e) in v.evs.iter().enumerate() {
         match prev {
-            None if e.id.1 != 1 => st.violation(
+            None if e.id.1 != 1 && !s.trim && !damaged => st.violation(
                 V::SilentGap,
                 format!(
                     "log of session {} starts at {} (nothing is trimmed in this harness)",
@@ -212,23 +271,29 @@ fn consistency(s: &Sess, v: &LogView, st: &mut Stats) {
                     book::cursor(&s.sid, e.id)
                 ),
             ),
-            Some(p) if e.id.1 != p.1 + 1 || e.id.0 < p.0 => st.violation(
-                if e.id.1 > p.1 + 1 && e.id.0 >= p.0 {
-                    V::SilentGap
-                } else {
-                    V::Duplicate
-                },
-                format!(
-                    "log of session {}: {} follows {}",
-                    s.short(),
-                    book::cursor(&s.sid, e.id),
-                    book::cursor(&s.sid, p)
-                ),
-            ),
+            Some(p)
+                if (e.id.1 != p.1 + 1 || e.id.0 < p.0)
+                    && !(damaged && e.id.1 > p.1 && e.id.0 >= p.0) =>
+            {
+                st.violation(
+                    if e.id.1 > p.1 + 1 && e.id.0 >= p.0 {
+                        V::SilentGap
+                    } else {
+                        V::Duplicate
+                    },
+                    format!(
+                        "log of session {}: {} follows {}",
+                        s.short(),
+                        book::cursor(&s.sid, e.id),
+                        book::cursor(&s.sid, p)
+                    ),
+                )
+            }
             _ => {}
         }
         prev = Some(e.id);
-        if (e.kind == "end") != (i + 1 == v.evs.len()) {
+        let last = i + 1 == v.evs.len();
+        if (e.kind == "end") != last && !(damaged && last) {
             st.violation(
                 V::Protocol,
                 format!(
@@ -242,36 +307,57 @@ fn consistency(s: &Sess, v: &LogView, st: &mut Stats) {
             );
         }
         if let Some((tag, _)) = e.emit {
-            if tag != emit_prev + 1 {
+            let want = emit_prev.map_or(tag, |p| p + 1);
+            if tag != want && !(damaged && tag > want) {
                 st.violation(
-                    if tag > emit_prev + 1 {
+                    if tag > want {
                         V::SilentGap
                     } else {
                         V::Duplicate
                     },
                     format!(
-                        "log of session {}: upstream emit #{tag} at {} follows emit #{emit_prev}",
+                        "log of session {}: upstream emit #{tag} at {} follows emit #{}",
                         s.short(),
-                        book::cursor(&s.sid, e.id)
+                        book::cursor(&s.sid, e.id),
+                        want - 1
                     ),
                 );
             }
-            emit_prev = tag;
+            emit_prev = Some(tag);
         }
     }
 }
 
-/// Everything the log held at the previous full read is still there, byte for byte.
+/// Everything the log held at the previous full read is still there, byte for byte. (Nothing
+/// trims an ended session; eviction is handled before.) A session with damaged data may lose
+/// events, but never show other bytes under an id.
 fn durable(s: &Sess, v: &LogView, st: &mut Stats) {
     let Some(proven) = &s.proven else { return };
     let mut lost = 0u64;
     let mut first = None;
     for (id, (kind, h)) in proven {
-        let ok = v.by_id.get(id).is_some_and(|&i| v.evs[i].hash == *h);
-        if !ok {
-            lost += 1;
-            first.get_or_insert((*id, kind.clone()));
+        let got = v.by_id.get(id).map(|&i| &v.evs[i]);
+        if got.is_some_and(|e| e.hash == *h) {
+            continue;
         }
+        if s.damage.is_some() {
+            match got {
+                None => st.damage_lost_events += 1,
+                Some(e) => st.violation(
+                    V::DamageServedWrong,
+                    format!(
+                        "session {} (damaged at seqs {:?}): {} is {:?} in the log, other bytes than at the previous check",
+                        s.short(),
+                        s.damage,
+                        book::cursor(&s.sid, *id),
+                        e.snip
+                    ),
+                ),
+            }
+            continue;
+        }
+        lost += 1;
+        first.get_or_insert((*id, kind.clone()));
     }
     if let Some((id, kind)) = first {
         st.violation_n(
@@ -286,10 +372,17 @@ fn durable(s: &Sess, v: &LogView, st: &mut Stats) {
     }
 }
 
-/// Every event a client received is in the log with the same bytes.
-fn received(s: &mut Sess, v: &LogView, st: &mut Stats) {
+/// Every event a client received is in the log with the same bytes — from the oldest retained
+/// seq on, when retention may have trimmed the session.
+fn received(s: &mut Sess, v: &LogView, journal_inst: Option<u32>, st: &mut Stats) {
     let sid = s.sid.clone();
     let mut lost_fsync = Vec::new();
+    let oldest = if s.trim {
+        v.oldest().or(s.retained.map(|r| r.0)).unwrap_or(0)
+    } else {
+        0
+    };
+    let damaged = s.damage.is_some();
     for (id, r) in s.rcv.iter_mut() {
         if r.checked {
             continue;
@@ -301,10 +394,19 @@ fn received(s: &mut Sess, v: &LogView, st: &mut Stats) {
             r.snip = None;
             continue;
         }
+        if got.is_none() && id.1 < oldest {
+            st.trimmed_events += 1;
+            r.snip = None;
+            continue;
+        }
         s.loss = true;
         if let Some(e) = got {
             st.violation(
-                V::ServedDifferentContent,
+                if damaged {
+                    V::DamageServedWrong
+                } else {
+                    V::ServedDifferentContent
+                },
                 format!(
                     "{} was received from instance {} ({}) as {:?}; the log now has {:?} under that id",
                     book::cursor(&sid, *id),
@@ -315,9 +417,14 @@ fn received(s: &mut Sess, v: &LogView, st: &mut Stats) {
                 ),
             );
         }
-        match r.mode {
-            Mode::Fsync => lost_fsync.push((*id, r.inst, got.is_some())),
-            Mode::Relaxed => st.lost_relaxed_events += 1,
+        if damaged {
+            st.damage_lost_events += 1;
+        } else if r.mode == Mode::Relaxed {
+            st.lost_relaxed_events += 1;
+        } else if journal_inst == Some(r.inst) {
+            st.journal_lost_events += 1;
+        } else {
+            lost_fsync.push((*id, r.inst, got.is_some()));
         }
         r.snip = None;
     }
@@ -349,6 +456,22 @@ enum Resumed {
     Refused(String),
 }
 
+/// What a resume must get.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Want {
+    /// The rest of the log exactly (or 404 when only the end marker is left).
+    Serve,
+    /// The client lost events: 409 `cursor_ahead`/`unknown_epoch`, or 404.
+    Loss,
+    /// The cursor is older than the retained window: 409 `cursor_trimmed`.
+    Trimmed,
+    /// Evicted for space: 404.
+    Gone,
+    /// Synced data of the session was damaged: any refusal (404, or 409 `cursor_ahead`,
+    /// `cursor_trimmed`, `unknown_epoch`, `damaged`), for a cursor into or past the damage.
+    Damaged,
+}
+
 /// Part 3: resumes every session through the proxy (instance `inst`, `mode`) with its last cursor.
 pub async fn resumes(
     addr: SocketAddr,
@@ -370,18 +493,45 @@ pub async fn resumes(
         if s.state == State::Orphan || s.state == State::Refused(SERVED_AFTER_LOSS.into()) {
             continue;
         }
+        let behind = s.trim
+            && s.retained
+                .is_some_and(|(oldest, head)| last.1 + 1 < oldest && last.1 < head);
+        let want = if s.evicted {
+            // (A damaged session evicted before its next resume: 404 is all that is left.)
+            s.damage_pending = false;
+            Want::Gone
+        } else if s.damage.is_some() {
+            Want::Damaged
+        } else if s.loss {
+            Want::Loss
+        } else if behind {
+            Want::Trimmed
+        } else {
+            Want::Serve
+        };
         let cur = book::cursor(&s.sid, last);
         let view = views.get(&s.sid);
-        let got = resume_one(addr, inst, mode, s, last, view, st).await;
+        let got = resume_one(addr, inst, mode, s, last, view, want, st).await;
         let mut g = lock();
         let st = &mut *g;
-        match (&got, s.loss) {
-            (Resumed::Served, false) | (Resumed::NotFound, false) => {
-                if let Resumed::Served = got {
-                    st.resumes_served += 1;
-                } else {
-                    *st.refusals.entry("404:unknown_session".into()).or_default() += 1;
-                }
+        let reason = match &got {
+            Resumed::Served => None,
+            Resumed::NotFound => Some("404:unknown_session".to_string()),
+            Resumed::Refused(r) => Some(r.clone()),
+        };
+        match &reason {
+            None => st.resumes_served += 1,
+            Some(r) => *st.refusals.entry(r.clone()).or_default() += 1,
+        }
+        match (want, reason) {
+            (Want::Serve, Some(reason)) if matches!(got, Resumed::Refused(_)) => st.violation(
+                V::WrongRefusal,
+                format!(
+                    "session {}: resume from {cur} refused ({reason}) although the log holds every event its client received",
+                    s.short()
+                ),
+            ),
+            (Want::Serve, _) => {
                 match &s.state {
                     State::Open => {
                         s.state = State::Complete;
@@ -405,18 +555,7 @@ pub async fn resumes(
                     State::Orphan => {}
                 }
             }
-            (Resumed::Refused(reason), false) => {
-                *st.refusals.entry(reason.clone()).or_default() += 1;
-                st.violation(
-                    V::WrongRefusal,
-                    format!(
-                        "session {}: resume from {cur} refused ({reason}) although the log holds every event its client received",
-                        s.short()
-                    ),
-                );
-            }
-            (Resumed::Served, true) => {
-                st.resumes_served += 1;
+            (Want::Loss, None) => {
                 st.violation(
                     V::LostTailNotRefused,
                     format!(
@@ -427,29 +566,96 @@ pub async fn resumes(
                 );
                 s.state = State::Refused(SERVED_AFTER_LOSS.into());
             }
-            (Resumed::NotFound, true) | (Resumed::Refused(_), true) => {
-                let reason = match &got {
-                    Resumed::Refused(r) => r.clone(),
-                    _ => "404:unknown_session".into(),
-                };
-                *st.refusals.entry(reason.clone()).or_default() += 1;
-                match &s.state {
-                    State::Open => {
-                        st.lost_tails_refused += 1;
-                        s.state = State::Refused(reason);
-                    }
-                    State::Refused(before) if *before != reason => st.violation(
-                        V::Protocol,
-                        format!("session {}: resume from {cur} refused as {before} before, now as {reason}", s.short()),
+            (Want::Loss, Some(reason)) => {
+                st.lost_tails_refused += stays_refused(s, st, &cur, reason) as u64;
+            }
+            (Want::Trimmed, None) => {
+                st.violation(
+                    V::SilentGap,
+                    format!(
+                        "session {}: resume from {cur} was served (200) by instance {inst} ({}), but the retained window {:?} starts after seq {}",
+                        s.short(),
+                        mode.as_str(),
+                        s.retained,
+                        last.1 + 1
                     ),
-                    _ => {}
+                );
+                s.state = State::Refused(SERVED_AFTER_LOSS.into());
+            }
+            (Want::Trimmed, Some(reason)) if reason == "409:cursor_trimmed" => {
+                st.trimmed_refused += stays_refused(s, st, &cur, reason) as u64;
+            }
+            (Want::Trimmed, Some(reason)) => st.violation(
+                V::WrongRefusal,
+                format!(
+                    "session {}: resume from {cur} refused ({reason}); its cursor is older than the retained window {:?}, so 409 cursor_trimmed is the answer",
+                    s.short(),
+                    s.retained
+                ),
+            ),
+            (Want::Gone, Some(reason)) if reason.starts_with("404:") => {}
+            (Want::Gone, other) => st.violation(
+                V::Protocol,
+                format!(
+                    "session {}: evicted for space, yet the resume from {cur} got {}",
+                    s.short(),
+                    other.as_deref().unwrap_or("200")
+                ),
+            ),
+            (Want::Damaged, None) => {
+                let (first, end) = s.damage.unwrap_or((0, 0));
+                st.violation(
+                    V::DamageServedWrong,
+                    format!(
+                        "session {}: its chunk of seqs {first}..{end} was damaged in synced data, yet the resume from {cur} ({}) was served (200) by instance {inst} ({})",
+                        s.short(),
+                        if last.1 >= end {
+                            "past the damage; §10b: resumes into or past it are refused"
+                        } else {
+                            "into the damage"
+                        },
+                        mode.as_str()
+                    ),
+                );
+                s.state = State::Refused(SERVED_AFTER_LOSS.into());
+            }
+            (Want::Damaged, Some(reason)) => {
+                if s.damage_pending {
+                    // The first answer after the damage replaces whatever was right before it.
+                    s.damage_pending = false;
+                    s.state = State::Open;
                 }
+                st.damage_refused += stays_refused(s, st, &cur, reason) as u64;
             }
         }
     }
 }
 
+/// A refused session must get the same refusal at every later check. Returns whether this is its
+/// first refusal.
+fn stays_refused(s: &mut Sess, st: &mut Stats, cur: &str, reason: String) -> bool {
+    match &s.state {
+        State::Refused(before) => {
+            if *before != reason {
+                st.violation(
+                    V::Protocol,
+                    format!(
+                        "session {}: resume from {cur} refused as {before} before, now as {reason}",
+                        s.short()
+                    ),
+                );
+            }
+            false
+        }
+        _ => {
+            s.state = State::Refused(reason);
+            true
+        }
+    }
+}
+
 /// One resume; checks a served stream against the log as it goes.
+#[allow(clippy::too_many_arguments)]
 async fn resume_one(
     addr: SocketAddr,
     inst: u32,
@@ -457,6 +663,7 @@ async fn resume_one(
     s: &mut Sess,
     last: Id,
     view: Option<&LogView>,
+    want_answer: Want,
     st: &std::sync::Mutex<Stats>,
 ) -> Resumed {
     let lock = || st.lock().unwrap_or_else(|e| e.into_inner());
@@ -471,7 +678,11 @@ async fn resume_one(
                 .to_string();
             let ok = matches!(
                 (code, reason.as_str()),
-                (404, "unknown_session") | (409, "cursor_ahead") | (409, "unknown_epoch")
+                (404, "unknown_session")
+                    | (409, "cursor_ahead")
+                    | (409, "unknown_epoch")
+                    | (409, "cursor_trimmed")
+                    | (409, "damaged")
             );
             if !ok || v["error"]["code"].as_i64().is_none() {
                 lock().violation(
@@ -485,7 +696,7 @@ async fn resume_one(
             if code == 404 {
                 // 404 is right when the session's history is complete: only its end marker is
                 // left after the cursor.
-                if !s.loss {
+                if want_answer == Want::Serve {
                     if let Some(v) = view {
                         let rest = v.after(last.1);
                         if rest.first().map(|e| e.kind.as_str()) != Some("end") {
@@ -561,7 +772,10 @@ async fn resume_one(
                     );
                     continue;
                 }
-                if id.1 != expect || id.0 < epoch {
+                // (A cursor older than the retained window that is served at all is counted once
+                // by the caller, not here.)
+                let skipped_trim = served == 0 && want_answer == Want::Trimmed;
+                if (id.1 != expect || id.0 < epoch) && !skipped_trim {
                     let v = if id.1 > expect && id.0 >= epoch {
                         V::SilentGap
                     } else {
@@ -611,7 +825,7 @@ async fn resume_one(
                 s.short()
             ),
         );
-    } else if view.is_some() && !s.loss && served != want.len() {
+    } else if view.is_some() && want_answer == Want::Serve && served != want.len() {
         g.violation(
             V::Protocol,
             format!(

@@ -3,9 +3,12 @@
 //! reads the data dir while no proxy holds it.
 
 use std::fs::OpenOptions;
+use std::io::BufRead;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -28,6 +31,33 @@ impl Mode {
             Mode::Fsync => "fsync",
             Mode::Relaxed => "relaxed",
         }
+    }
+}
+
+/// The `[log]` bounds of an image's proxies: retention per session, and the total bound, which
+/// also sizes the segments (`max_total_bytes / 32`, at least 1 MiB and at most 64 MiB).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// `log.max_events_per_session`.
+    pub max_events: u64,
+    /// `log.max_bytes_per_session`.
+    pub max_bytes: u64,
+    /// `log.max_total_bytes`.
+    pub max_total: u64,
+}
+
+impl Limits {
+    /// Nothing is trimmed, expired or evicted during a run (64 MiB segments): every event ever
+    /// logged must still be there.
+    pub const KEEP_ALL: Limits = Limits {
+        max_events: 100_000_000,
+        max_bytes: 1 << 30,
+        max_total: 16 << 30,
+    };
+
+    /// Retention and eviction can drop events.
+    pub fn trims(&self) -> bool {
+        *self != Self::KEEP_ALL
     }
 }
 
@@ -61,6 +91,8 @@ impl Setup {
 /// A child process, SIGKILLed on drop.
 pub struct Proc {
     child: Option<Child>,
+    /// Set once the proxy printed its `listening` line (only for [`Proc::proxy_watched`]).
+    listening: Option<Arc<AtomicBool>>,
 }
 
 fn stderr_to(path: &Path) -> Stdio {
@@ -87,20 +119,33 @@ impl Proc {
             .env("MCP_RESUME_PROXY_LOG", "warn")
             .spawn()
             .expect("start the demo upstream");
-        Proc { child: Some(child) }
+        Proc {
+            child: Some(child),
+            listening: None,
+        }
     }
 
-    /// Writes the config for `mode` with the log in `data` and starts the proxy. Retention and
-    /// the janitor are out of the way (nothing is trimmed, expired or evicted during a run), so
-    /// every event ever logged must still be there.
-    pub fn proxy(s: &Setup, data: &Path, mode: Mode) -> Proc {
+    /// Writes the config for `mode` and `limits` with the log in `data` and starts the proxy. The
+    /// janitor is out of the way (nothing idles out or expires during a run); with
+    /// [`Limits::KEEP_ALL`] nothing is trimmed or evicted either.
+    pub fn proxy(s: &Setup, data: &Path, mode: Mode, limits: Limits) -> Proc {
+        Self::start_proxy(s, data, mode, limits, false)
+    }
+
+    /// [`Proc::proxy`], with its stdout read so that [`Proc::listening`] tells when it printed
+    /// `mcp-resume-proxy listening on …` (recovery is over, it accepts clients).
+    pub fn proxy_watched(s: &Setup, data: &Path, mode: Mode, limits: Limits) -> Proc {
+        Self::start_proxy(s, data, mode, limits, true)
+    }
+
+    fn start_proxy(s: &Setup, data: &Path, mode: Mode, limits: Limits, watch: bool) -> Proc {
         let cfg = s.work.join(format!("proxy-{}.toml", mode.as_str()));
         let text = format!(
             "[listen]\naddr = \"127.0.0.1:{}\"\n\
              [admin]\naddr = \"127.0.0.1:{}\"\n\
              [upstream]\nsse_url = \"http://127.0.0.1:{}/sse\"\npost_timeout_secs = 10\nconnect_timeout_secs = 5\n\
-             [log]\ndir = \"{}\"\ndurability = \"{}\"\nmax_events_per_session = 100000000\n\
-             max_bytes_per_session = 1073741824\nmax_total_bytes = 17179869184\n\
+             [log]\ndir = \"{}\"\ndurability = \"{}\"\nmax_events_per_session = {}\n\
+             max_bytes_per_session = {}\nmax_total_bytes = {}\n\
              [sessions]\nidle_ttl_secs = 86400\nretain_ended_secs = 864000\nkeepalive_secs = 1\n\
              [shutdown]\ngrace_secs = 5\n",
             s.port,
@@ -108,18 +153,60 @@ impl Proc {
             s.upstream,
             data.display(),
             mode.as_str(),
+            limits.max_events,
+            limits.max_bytes,
+            limits.max_total,
         );
         std::fs::write(&cfg, text).expect("write the proxy config");
-        let child = Command::new(&s.bin)
+        let mut child = Command::new(&s.bin)
             .args(["run", "--config"])
             .arg(&cfg)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(if watch { Stdio::piped() } else { Stdio::null() })
             .stderr(stderr_to(&s.proxy_log()))
             .env("MCP_RESUME_PROXY_LOG", "warn")
             .spawn()
             .expect("start the proxy");
-        Proc { child: Some(child) }
+        let listening = child.stdout.take().map(|out| {
+            let flag = Arc::new(AtomicBool::new(false));
+            let set = flag.clone();
+            std::thread::spawn(move || {
+                for line in std::io::BufReader::new(out).lines() {
+                    let Ok(line) = line else { break };
+                    if line.contains(" listening on ") {
+                        set.store(true, Ordering::SeqCst);
+                    }
+                }
+            });
+            flag
+        });
+        Proc {
+            child: Some(child),
+            listening,
+        }
+    }
+
+    /// Has a watched proxy printed its `listening` line?
+    pub fn listening(&self) -> bool {
+        self.listening
+            .as_ref()
+            .is_some_and(|l| l.load(Ordering::SeqCst))
+    }
+
+    /// Waits (bounded) until a watched proxy prints its `listening` line or exits. Returns
+    /// whether it is listening.
+    pub async fn wait_listening(&mut self, bound: Duration) -> bool {
+        let deadline = Instant::now() + bound;
+        while Instant::now() < deadline {
+            if self.listening() {
+                return true;
+            }
+            if self.exited().is_some() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        false
     }
 
     /// SIGSTOP, and waits until every thread has stopped: the process stops where it is, and
@@ -219,6 +306,30 @@ pub async fn wait_ready(admin: u16, proxy: &mut Proc, bound: Duration) -> bool {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// The value of the metric line `series` (name and labels, as exported) on the admin listener
+/// at `admin`; `None` when it cannot be read or the series is not there.
+pub async fn metric(admin: u16, series: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", admin))
+            .await
+            .ok()?;
+        sock.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            .await
+            .ok()?;
+        let mut body = Vec::new();
+        sock.read_to_end(&mut body).await.ok()?;
+        Some(String::from_utf8_lossy(&body).into_owned())
+    };
+    let text = tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .ok()??;
+    text.lines().find_map(|l| {
+        let (name, v) = l.rsplit_once(' ')?;
+        (name == series).then(|| v.parse().ok()).flatten()
+    })
 }
 
 /// The last `n` lines of a log file.
