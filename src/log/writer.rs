@@ -602,6 +602,7 @@ impl Turn {
         out.count += 1;
         out.payload += payload.len() as u64;
         out.received.push(received);
+        let answers = completes.is_some();
         if let Some(c) = completes {
             out.completes.push(c);
         }
@@ -612,6 +613,12 @@ impl Turn {
             kind,
             payload,
         }));
+        if answers {
+            // An answer is an outcome a client is told: durable before it is seen, in either
+            // mode — else a power loss would have the request answered `-32091` after its result
+            // (requests are rare next to events; their in-flight records are synced too).
+            self.sync = true;
+        }
         seq
     }
 }
@@ -875,15 +882,29 @@ impl Writer {
     }
 
     /// Degraded (out of space): deletes the segments whose records are all dead, so a full disk
-    /// can heal by itself. What superseded their records is synced first.
+    /// can heal by itself. What superseded their records is synced first. A dead segment after a
+    /// live one goes only if it holds nothing that keeps records of older segments dead after a
+    /// restart (a remove, a not-in-flight record, an answer that ends an in-flight record);
+    /// compaction, which always takes the oldest segment, needs no such care.
     fn reclaim_dead(&mut self) {
-        let dead: Vec<u64> = self
+        let mut dead = Vec::new();
+        let mut prefix = true;
+        let candidates: Vec<(u64, Arc<Segment>, u64, u64)> = self
             .st
             .segs
             .iter()
-            .filter(|(id, s)| **id != self.st.active && s.live == 0)
-            .map(|(id, _)| *id)
+            .filter(|(id, _)| **id != self.st.active)
+            .map(|(id, s)| (*id, s.seg.clone(), s.len, s.live))
             .collect();
+        for (id, seg, len, live) in candidates {
+            if live != 0 {
+                prefix = false;
+                continue;
+            }
+            if prefix || only_superseded(&seg, len) {
+                dead.push(id);
+            }
+        }
         if dead.is_empty() {
             return;
         }
@@ -1777,6 +1798,32 @@ impl Writer {
             self.fatal(&e);
         }
     }
+}
+
+/// Whether segment `seg` (of `len` bytes) holds only records whose deletion cannot bring back a
+/// record of an older segment: no remove, no not-in-flight record, no chunk that answers an
+/// in-flight request. Unreadable or damaged: `false` (kept).
+fn only_superseded(seg: &Segment, len: u64) -> bool {
+    let mut buf = vec![0u8; len as usize];
+    if seg.read_at(&mut buf, 0).is_err() {
+        return false;
+    }
+    let mut pos = record::SEGMENT_HEADER;
+    while pos < buf.len() {
+        let Ok((ty, body, n)) = record::read_frame(&buf[pos..]) else {
+            return false;
+        };
+        let keeps_dead = match ty {
+            Type::Remove | Type::InflightDone => true,
+            Type::Chunk => record::parse_chunk(body).is_none_or(|c| !c.completes.is_empty()),
+            _ => false,
+        };
+        if keeps_dead {
+            return false;
+        }
+        pos += n;
+    }
+    true
 }
 
 /// Payload bytes an op carries.
