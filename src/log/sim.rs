@@ -2216,6 +2216,56 @@ mod tests {
         });
     }
 
+    // === adversarial review (branch `adversary`): each test fails on the code it was written on ===
+
+    /// Relaxed mode: a turn's mark claims what was synced *before* the turn, so what the last
+    /// synced turn (here a task's end) made durable lies past every mark's claim. One flipped
+    /// bit in an earlier turn's chunk of another session is then read as a torn tail: the cut
+    /// takes every session's events after it, and the end a client read (synced) is gone —
+    /// the session is live again after the restart, and no damage is counted.
+    #[test]
+    fn relaxed_a_flipped_bit_before_a_synced_end_does_not_cut_the_end() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Relaxed);
+            sim.start().await;
+            let (a, b) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            for i in 0..10 {
+                send(&mut sim, a, &format!("a-{i:02}"));
+                send(&mut sim, b, &format!("b-{i:02}"));
+                sim.turn().await;
+            }
+            // B's end (with its final answer) is synced, as relaxed mode promises: the sync
+            // covers every turn before it.
+            let lb = log_of(&sim, b).unwrap();
+            let fin = NewEvent::new(
+                StreamTag::LEGACY,
+                Kind::Final,
+                Bytes::from_static(b"{\"id\":\"task\",\"result\":\"completed\"}"),
+            );
+            sim.push_end(&lb, EndReason::TaskFinished, vec![fin]);
+            sim.turn().await;
+            assert!(sim.sessions[&b].ended, "the client read B's end");
+            let active = super::super::segment::file_name(1);
+            assert_eq!(sim.fs.pending(&active), 0, "everything is synced");
+            sim.stop_process();
+            sim.fs.power_loss_with(Loss::All);
+            // A bit flips at rest in A's event of the fourth turn (synced data).
+            let (name, at) = sim.fs.find(b"a-03").unwrap();
+            sim.fs.flip_at(&name, at + 2);
+            assert!(sim.try_start().is_ok());
+            let lb = log_of(&sim, b).unwrap();
+            assert_eq!(
+                lb.ended(),
+                Some(EndReason::TaskFinished),
+                "B's synced end survives damage to A's record"
+            );
+            let got: Vec<String> = payloads(&lb).into_iter().map(|(_, _, p)| p).collect();
+            assert_eq!(got.len(), 12, "B lost nothing: {got:?}");
+            assert_eq!(sim.rep.damage_found, 1, "a bad record in synced data is damage");
+        });
+    }
+
     #[test]
     fn the_file_system_loses_only_what_was_not_synced() {
         let fs = SimFs::new(7);
