@@ -2266,6 +2266,67 @@ mod tests {
         });
     }
 
+    /// `reclaim_dead` (degraded) deletes any dead segment, not only the oldest: a newer dead
+    /// segment can hold the record that supersedes records of an older live one (a remove,
+    /// an in-flight record's end). Here the remove of session A goes with segment 2 while A's
+    /// records stay in segment 1 (kept alive by session K): A, removed and acknowledged,
+    /// comes back after a restart.
+    #[test]
+    fn reclaiming_a_newer_dead_segment_does_not_bring_a_removed_session_back() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            let (k, a) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            send(&mut sim, a, "a-1");
+            sim.turn().await;
+            let la = log_of(&sim, a).unwrap();
+            sim.push_end(&la, EndReason::ClientDelete, Vec::new());
+            sim.turn().await;
+            // K's live events fill segment 1.
+            for i in 0..20 {
+                send(&mut sim, k, &format!("k-{i}-{}", "x".repeat(1000)));
+            }
+            sim.turn().await;
+            // Segment 2: the remove of A (acknowledged), then B's events, all dead once B goes.
+            let (done, rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: a, done });
+            sim.waiting.push(Waiting::Remove(a, rx));
+            sim.turn().await;
+            assert!(sim.sessions[&a].removed, "the remove is acknowledged");
+            let b = sim.create().unwrap();
+            sim.turn().await;
+            for i in 0..20 {
+                send(&mut sim, b, &format!("b-{i}-{}", "x".repeat(1000)));
+            }
+            sim.turn().await;
+            let lb = log_of(&sim, b).unwrap();
+            sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: b, done });
+            sim.turn().await;
+            let seg2 = super::super::segment::file_name(2);
+            assert!(sim.fs.list().unwrap().contains(&seg2));
+            // The disk fills up for one write; the degraded writer reclaims dead segments.
+            sim.fs.fail_next(Call::Write, 28);
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Flush { done });
+            sim.turn().await;
+            sim.turn().await;
+            assert!(
+                !sim.fs.list().unwrap().contains(&seg2),
+                "segment 2 was reclaimed (the premise)"
+            );
+            restart(&mut sim, Loss::All).await;
+            assert!(
+                log_of(&sim, a).is_none(),
+                "A was removed (acknowledged) and must stay removed"
+            );
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+        });
+    }
+
     #[test]
     fn the_file_system_loses_only_what_was_not_synced() {
         let fs = SimFs::new(7);
