@@ -2327,6 +2327,42 @@ mod tests {
         });
     }
 
+    /// An end that failed (out of space) is retried a second later; a remove of the session
+    /// that fits meanwhile is written first. The retried end's chunk and meta then follow the
+    /// remove record in the log, and recovery brings the removed session back.
+    #[test]
+    fn an_end_retried_after_the_remove_does_not_bring_the_session_back() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            send(&mut sim, a, "a-1");
+            sim.turn().await;
+            let la = log_of(&sim, a).unwrap();
+            sim.fs.fail_next(Call::Write, 28);
+            sim.push_end(&la, EndReason::TaskFinished, Vec::new());
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            // The app deletes the session (an expired task): the remove fits.
+            let (done, mut rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: a, done });
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert!(matches!(rx.try_recv(), Ok(Ok(_))), "remove acknowledged");
+            assert!(log_of(&sim, a).is_none());
+            // A second later the owed end is retried.
+            tokio::time::advance(Duration::from_millis(1100)).await;
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Ok);
+            restart(&mut sim, Loss::All).await;
+            assert!(
+                log_of(&sim, a).is_none(),
+                "removed (acknowledged), back after a restart"
+            );
+        });
+    }
+
     #[test]
     fn the_file_system_loses_only_what_was_not_synced() {
         let fs = SimFs::new(7);
