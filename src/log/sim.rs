@@ -2363,6 +2363,64 @@ mod tests {
         });
     }
 
+    /// Writes `bytes` as segment `id`, synced with its directory entry.
+    fn put_segment(fs: &SimFs, id: u64, bytes: &[u8]) {
+        let f = fs.create(&super::super::segment::file_name(id)).unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+        f.sync_data().unwrap();
+        fs.sync().unwrap();
+    }
+
+    fn meta_json(epochs: Vec<crate::log::cursor::EpochRange>) -> Vec<u8> {
+        serde_json::to_vec(&crate::log::SessionMeta {
+            facade: Facade::Legacy,
+            ended: None,
+            created_unix: 1,
+            ended_unix: None,
+            epochs,
+            protocol_version: None,
+            identity: None,
+        })
+        .unwrap()
+    }
+
+    /// Crafted bytes: a meta whose epoch ends at seq u64::MAX (the image scan accepts it, see
+    /// image.rs `seqs_near_u64_max_are_damage_not_a_panic`) makes recovery overflow
+    /// (`head + 1`): a panic in debug builds, a wrapped head in release.
+    #[test]
+    fn recovery_does_not_overflow_on_an_epoch_ending_at_u64_max() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            let s = SessionId([3; 16]);
+            let mut seg = record::segment_header(1).to_vec();
+            let last = crate::log::cursor::EpochRange {
+                epoch: 1,
+                first: 1,
+                last: Some(u64::MAX),
+            };
+            record::meta(&mut seg, &s, &meta_json(vec![last]));
+            put_segment(&sim.fs, 1, &seg);
+            assert!(sim.try_start().is_ok());
+        });
+    }
+
+    /// Crafted bytes: a well-framed chunk at seq 0 outside the session's epochs makes recovery
+    /// cut at 0 and compute `head = 0 - 1` (a panic in debug builds, u64::MAX in release).
+    #[test]
+    fn recovery_does_not_overflow_on_a_chunk_at_seq_zero() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            let s = SessionId([4; 16]);
+            let mut seg = record::segment_header(1).to_vec();
+            record::meta(&mut seg, &s, &meta_json(Vec::new()));
+            let mut b = record::ChunkBuilder::default();
+            b.push(1, Kind::Message, StreamTag::LEGACY, b"{}");
+            record::chunk(&mut seg, &s, 0, &[], &b.finish());
+            put_segment(&sim.fs, 1, &seg);
+            assert!(sim.try_start().is_ok());
+        });
+    }
+
     #[test]
     fn the_file_system_loses_only_what_was_not_synced() {
         let fs = SimFs::new(7);
