@@ -2421,6 +2421,35 @@ mod tests {
         });
     }
 
+    /// A chunk record whose checksum is right but whose events do not decode (its count says
+    /// two, it holds one) passes the scan (only the chunk header is checked) and, as the last
+    /// chunk of a live session, fails recovery with `Corrupt`: the proxy cannot start, on
+    /// every restart (and `Sim::start` retries forever). It is damage: seal and go on.
+    #[test]
+    fn recovery_treats_an_undecodable_chunk_as_damage_not_a_fatal_error() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            let s = SessionId([5; 16]);
+            let mut seg = record::segment_header(1).to_vec();
+            record::meta(&mut seg, &s, &meta_json(Vec::new()));
+            let mut b = record::ChunkBuilder::default();
+            b.push(1, Kind::Message, StreamTag::LEGACY, b"{\"n\":1}");
+            record::chunk(&mut seg, &s, 1, &[], &b.finish());
+            let mut b = record::ChunkBuilder::default();
+            b.push(1, Kind::Message, StreamTag::LEGACY, b"{\"n\":2}");
+            let mut v = b.finish();
+            v[0..4].copy_from_slice(&2u32.to_be_bytes()); // count 2, one event
+            record::chunk(&mut seg, &s, 2, &[], &v);
+            put_segment(&sim.fs, 1, &seg);
+            assert!(
+                sim.try_start().is_ok(),
+                "recovery must not fail on one bad record"
+            );
+            let log = log_of(&sim, s).unwrap();
+            assert_eq!(log.ranges().epochs[0].last, Some(1), "sealed before it");
+        });
+    }
+
     #[test]
     fn the_file_system_loses_only_what_was_not_synced() {
         let fs = SimFs::new(7);
