@@ -2450,6 +2450,32 @@ mod tests {
         });
     }
 
+    /// The disk bound while healthy: live sessions whose only chunk is one large event cannot
+    /// be trimmed (`enforce_total` trims only sessions with more than one chunk, and never the
+    /// head) and nothing is dead, so neither compaction nor the throttle starts: the segment
+    /// files grow past `Store::disk_bound` with the log `Ok`. Config allows it
+    /// (`max_total_bytes >= max_bytes_per_session` is the only check; with the defaults,
+    /// ~420 sessions whose last event is 4 MiB pass 1.6 GiB).
+    #[test]
+    fn the_disk_bound_holds_with_many_sessions_of_one_large_event() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 192 << 10;
+            sim.cfg.max_bytes_per_session = 64 << 10;
+            sim.cfg.max_events_per_session = 400;
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            for i in 0..8 {
+                let s = sim.create().unwrap();
+                sim.turn().await;
+                send(&mut sim, s, &format!("{i}-{}", "x".repeat(50_000)));
+                sim.turn().await;
+            }
+            assert_eq!(*sim.store().health.borrow(), Health::Ok);
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+        });
+    }
+
     #[test]
     fn the_file_system_loses_only_what_was_not_synced() {
         let fs = SimFs::new(7);
