@@ -2476,6 +2476,39 @@ mod tests {
         });
     }
 
+    /// A rotation whose segment creation fails after the file exists (its header write
+    /// fails) and whose clean-up `remove` fails too leaves the file behind; every later
+    /// rotation then fails with `AlreadyExists` and the log appends to the same segment for
+    /// ever. The active segment is never compacted: with the log `Ok`, trimmed (dead) bytes
+    /// pile up past `Store::disk_bound`.
+    #[test]
+    fn a_failed_rotation_does_not_stop_rotation_for_good() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 192 << 10;
+            sim.cfg.max_events_per_session = 50;
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            for i in 0..20 {
+                send(&mut sim, a, &format!("a-{i}-{}", "x".repeat(1000)));
+            }
+            sim.turn().await;
+            // The next turn rotates: its header write fails, and so does the clean-up.
+            sim.fs.fail_next(Call::Write, 5);
+            sim.fs.fail_next(Call::Remove, 5);
+            for i in 0..600 {
+                send(&mut sim, a, &format!("a-{i}-{}", "x".repeat(1000)));
+                sim.turn().await;
+            }
+            assert_eq!(*sim.store().health.borrow(), Health::Ok);
+            assert_eq!(sim.rep.violations.first(), None);
+            let segs = super::super::segment::list(&sim.fs).unwrap();
+            assert!(segs.len() > 2, "rotation goes on: {segs:?}");
+        });
+    }
+
     #[test]
     fn the_file_system_loses_only_what_was_not_synced() {
         let fs = SimFs::new(7);
