@@ -2248,6 +2248,299 @@ mod tests {
         });
     }
 
+    // === adversarial review (branch `adversary`): each test fails on the code it was written on ===
+
+    /// Relaxed mode: a turn's mark claims what was synced *before* the turn, so what the last
+    /// synced turn (here a task's end) made durable lies past every mark's claim. One flipped
+    /// bit in an earlier turn's chunk of another session is then read as a torn tail: the cut
+    /// takes every session's events after it, and the end a client read (synced) is gone —
+    /// the session is live again after the restart, and no damage is counted.
+    #[test]
+    fn relaxed_a_flipped_bit_before_a_synced_end_does_not_cut_the_end() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Relaxed);
+            sim.start().await;
+            let (a, b) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            for i in 0..10 {
+                send(&mut sim, a, &format!("a-{i:02}"));
+                send(&mut sim, b, &format!("b-{i:02}"));
+                sim.turn().await;
+            }
+            // B's end (with its final answer) is synced, as relaxed mode promises: the sync
+            // covers every turn before it.
+            let lb = log_of(&sim, b).unwrap();
+            let fin = NewEvent::new(
+                StreamTag::LEGACY,
+                Kind::Final,
+                Bytes::from_static(b"{\"id\":\"task\",\"result\":\"completed\"}"),
+            );
+            sim.push_end(&lb, EndReason::TaskFinished, vec![fin]);
+            sim.turn().await;
+            assert!(sim.sessions[&b].ended, "the client read B's end");
+            let active = super::super::segment::file_name(1);
+            assert_eq!(sim.fs.pending(&active), 0, "everything is synced");
+            sim.stop_process();
+            sim.fs.power_loss_with(Loss::All);
+            // A bit flips at rest in A's event of the fourth turn (synced data).
+            let (name, at) = sim.fs.find(b"a-03").unwrap();
+            sim.fs.flip_at(&name, at + 2);
+            assert!(sim.try_start().is_ok());
+            let lb = log_of(&sim, b).unwrap();
+            assert_eq!(
+                lb.ended(),
+                Some(EndReason::TaskFinished),
+                "B's synced end survives damage to A's record"
+            );
+            let got: Vec<String> = payloads(&lb).into_iter().map(|(_, _, p)| p).collect();
+            assert_eq!(got.len(), 12, "B lost nothing: {got:?}");
+            assert_eq!(sim.rep.damage_found, 1, "a bad record in synced data is damage");
+        });
+    }
+
+    /// `reclaim_dead` (degraded) deletes any dead segment, not only the oldest: a newer dead
+    /// segment can hold the record that supersedes records of an older live one (a remove,
+    /// an in-flight record's end). Here the remove of session A goes with segment 2 while A's
+    /// records stay in segment 1 (kept alive by session K): A, removed and acknowledged,
+    /// comes back after a restart.
+    #[test]
+    fn reclaiming_a_newer_dead_segment_does_not_bring_a_removed_session_back() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            let (k, a) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            send(&mut sim, a, "a-1");
+            sim.turn().await;
+            let la = log_of(&sim, a).unwrap();
+            sim.push_end(&la, EndReason::ClientDelete, Vec::new());
+            sim.turn().await;
+            // K's live events fill segment 1.
+            for i in 0..20 {
+                send(&mut sim, k, &format!("k-{i}-{}", "x".repeat(1000)));
+            }
+            sim.turn().await;
+            // Segment 2: the remove of A (acknowledged), then B's events, all dead once B goes.
+            let (done, rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: a, done });
+            sim.waiting.push(Waiting::Remove(a, rx));
+            sim.turn().await;
+            assert!(sim.sessions[&a].removed, "the remove is acknowledged");
+            let b = sim.create().unwrap();
+            sim.turn().await;
+            for i in 0..20 {
+                send(&mut sim, b, &format!("b-{i}-{}", "x".repeat(1000)));
+            }
+            sim.turn().await;
+            let lb = log_of(&sim, b).unwrap();
+            sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: b, done });
+            sim.turn().await;
+            let seg2 = super::super::segment::file_name(2);
+            assert!(sim.fs.list().unwrap().contains(&seg2));
+            // The disk fills up for one write; the degraded writer reclaims dead segments.
+            sim.fs.fail_next(Call::Write, 28);
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Flush { done });
+            sim.turn().await;
+            sim.turn().await;
+            assert!(
+                !sim.fs.list().unwrap().contains(&seg2),
+                "segment 2 was reclaimed (the premise)"
+            );
+            restart(&mut sim, Loss::All).await;
+            assert!(
+                log_of(&sim, a).is_none(),
+                "A was removed (acknowledged) and must stay removed"
+            );
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+        });
+    }
+
+    /// An end that failed (out of space) is retried a second later; a remove of the session
+    /// that fits meanwhile is written first. The retried end's chunk and meta then follow the
+    /// remove record in the log, and recovery brings the removed session back.
+    #[test]
+    fn an_end_retried_after_the_remove_does_not_bring_the_session_back() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            send(&mut sim, a, "a-1");
+            sim.turn().await;
+            let la = log_of(&sim, a).unwrap();
+            sim.fs.fail_next(Call::Write, 28);
+            sim.push_end(&la, EndReason::TaskFinished, Vec::new());
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            // The app deletes the session (an expired task): the remove fits.
+            let (done, mut rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: a, done });
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert!(matches!(rx.try_recv(), Ok(Ok(_))), "remove acknowledged");
+            assert!(log_of(&sim, a).is_none());
+            // A second later the owed end is retried.
+            tokio::time::advance(Duration::from_millis(1100)).await;
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Ok);
+            restart(&mut sim, Loss::All).await;
+            assert!(
+                log_of(&sim, a).is_none(),
+                "removed (acknowledged), back after a restart"
+            );
+        });
+    }
+
+    /// Writes `bytes` as segment `id`, synced with its directory entry.
+    fn put_segment(fs: &SimFs, id: u64, bytes: &[u8]) {
+        let f = fs.create(&super::super::segment::file_name(id)).unwrap();
+        f.write_all_at(bytes, 0).unwrap();
+        f.sync_data().unwrap();
+        fs.sync().unwrap();
+    }
+
+    fn meta_json(epochs: Vec<crate::log::cursor::EpochRange>) -> Vec<u8> {
+        serde_json::to_vec(&crate::log::SessionMeta {
+            facade: Facade::Legacy,
+            ended: None,
+            created_unix: 1,
+            ended_unix: None,
+            epochs,
+            protocol_version: None,
+            identity: None,
+        })
+        .unwrap()
+    }
+
+    /// Crafted bytes: a meta whose epoch ends at seq u64::MAX (the image scan accepts it, see
+    /// image.rs `seqs_near_u64_max_are_damage_not_a_panic`) makes recovery overflow
+    /// (`head + 1`): a panic in debug builds, a wrapped head in release.
+    #[test]
+    fn recovery_does_not_overflow_on_an_epoch_ending_at_u64_max() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            let s = SessionId([3; 16]);
+            let mut seg = record::segment_header(1).to_vec();
+            let last = crate::log::cursor::EpochRange {
+                epoch: 1,
+                first: 1,
+                last: Some(u64::MAX),
+            };
+            record::meta(&mut seg, &s, &meta_json(vec![last]));
+            put_segment(&sim.fs, 1, &seg);
+            assert!(sim.try_start().is_ok());
+        });
+    }
+
+    /// Crafted bytes: a well-framed chunk at seq 0 outside the session's epochs makes recovery
+    /// cut at 0 and compute `head = 0 - 1` (a panic in debug builds, u64::MAX in release).
+    #[test]
+    fn recovery_does_not_overflow_on_a_chunk_at_seq_zero() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            let s = SessionId([4; 16]);
+            let mut seg = record::segment_header(1).to_vec();
+            record::meta(&mut seg, &s, &meta_json(Vec::new()));
+            let mut b = record::ChunkBuilder::default();
+            b.push(1, Kind::Message, StreamTag::LEGACY, b"{}");
+            record::chunk(&mut seg, &s, 0, &[], &b.finish());
+            put_segment(&sim.fs, 1, &seg);
+            assert!(sim.try_start().is_ok());
+        });
+    }
+
+    /// A chunk record whose checksum is right but whose events do not decode (its count says
+    /// two, it holds one) passes the scan (only the chunk header is checked) and, as the last
+    /// chunk of a live session, fails recovery with `Corrupt`: the proxy cannot start, on
+    /// every restart (and `Sim::start` retries forever). It is damage: seal and go on.
+    #[test]
+    fn recovery_treats_an_undecodable_chunk_as_damage_not_a_fatal_error() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            let s = SessionId([5; 16]);
+            let mut seg = record::segment_header(1).to_vec();
+            record::meta(&mut seg, &s, &meta_json(Vec::new()));
+            let mut b = record::ChunkBuilder::default();
+            b.push(1, Kind::Message, StreamTag::LEGACY, b"{\"n\":1}");
+            record::chunk(&mut seg, &s, 1, &[], &b.finish());
+            let mut b = record::ChunkBuilder::default();
+            b.push(1, Kind::Message, StreamTag::LEGACY, b"{\"n\":2}");
+            let mut v = b.finish();
+            v[0..4].copy_from_slice(&2u32.to_be_bytes()); // count 2, one event
+            record::chunk(&mut seg, &s, 2, &[], &v);
+            put_segment(&sim.fs, 1, &seg);
+            assert!(
+                sim.try_start().is_ok(),
+                "recovery must not fail on one bad record"
+            );
+            let log = log_of(&sim, s).unwrap();
+            assert_eq!(log.ranges().epochs[0].last, Some(1), "sealed before it");
+        });
+    }
+
+    /// The disk bound while healthy: live sessions whose only chunk is one large event cannot
+    /// be trimmed (`enforce_total` trims only sessions with more than one chunk, and never the
+    /// head) and nothing is dead, so neither compaction nor the throttle starts: the segment
+    /// files grow past `Store::disk_bound` with the log `Ok`. Config allows it
+    /// (`max_total_bytes >= max_bytes_per_session` is the only check; with the defaults,
+    /// ~420 sessions whose last event is 4 MiB pass 1.6 GiB).
+    #[test]
+    fn the_disk_bound_holds_with_many_sessions_of_one_large_event() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 192 << 10;
+            sim.cfg.max_bytes_per_session = 64 << 10;
+            sim.cfg.max_events_per_session = 400;
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            for i in 0..8 {
+                let s = sim.create().unwrap();
+                sim.turn().await;
+                send(&mut sim, s, &format!("{i}-{}", "x".repeat(50_000)));
+                sim.turn().await;
+            }
+            assert_eq!(*sim.store().health.borrow(), Health::Ok);
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+        });
+    }
+
+    /// A rotation whose segment creation fails after the file exists (its header write
+    /// fails) and whose clean-up `remove` fails too leaves the file behind; every later
+    /// rotation then fails with `AlreadyExists` and the log appends to the same segment for
+    /// ever. The active segment is never compacted: with the log `Ok`, trimmed (dead) bytes
+    /// pile up past `Store::disk_bound`.
+    #[test]
+    fn a_failed_rotation_does_not_stop_rotation_for_good() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 192 << 10;
+            sim.cfg.max_events_per_session = 50;
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            for i in 0..20 {
+                send(&mut sim, a, &format!("a-{i}-{}", "x".repeat(1000)));
+            }
+            sim.turn().await;
+            // The next turn rotates: its header write fails, and so does the clean-up.
+            sim.fs.fail_next(Call::Write, 5);
+            sim.fs.fail_next(Call::Remove, 5);
+            for i in 0..600 {
+                send(&mut sim, a, &format!("a-{i}-{}", "x".repeat(1000)));
+                sim.turn().await;
+            }
+            assert_eq!(*sim.store().health.borrow(), Health::Ok);
+            assert_eq!(sim.rep.violations.first(), None);
+            let segs = super::super::segment::list(&sim.fs).unwrap();
+            assert!(segs.len() > 2, "rotation goes on: {segs:?}");
+        });
+    }
+
     #[test]
     fn the_file_system_loses_only_what_was_not_synced() {
         let fs = SimFs::new(7);

@@ -755,6 +755,10 @@ impl Writer {
         if !self.pending_ends.is_empty() && due {
             self.last_retry = tokio::time::Instant::now();
             for pe in std::mem::take(&mut self.pending_ends) {
+                // A session removed meanwhile: its remove is durable, its end must not follow it.
+                if pe.log.removed() {
+                    continue;
+                }
                 plan_end(&mut t, pe, None);
             }
         }
