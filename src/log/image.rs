@@ -21,6 +21,10 @@ use super::segment::{self, Segment};
 use super::{Event, SessionMeta, StreamTag};
 use crate::error::StoreError;
 
+/// Highest seq the log takes from disk: far beyond any real head, with room for recovery to count
+/// past it without overflow.
+pub const MAX_SEQ: u64 = u64::MAX / 4;
+
 /// Where a record is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Loc {
@@ -341,10 +345,15 @@ impl Image {
                 if count == 0 {
                     return Err("empty chunk");
                 }
-                // Seqs must fit in a u64 (with room for the next one), or `retained` would
-                // overflow summing them (found by fuzzing).
-                if c.first.checked_add(count).is_none() {
+                // Seqs start at 1 and must fit in a u64 with room to spare, or `retained` and
+                // recovery would overflow on them (found by fuzzing and by review).
+                if c.first == 0 || c.first.checked_add(count).is_none_or(|e| e > MAX_SEQ) {
                     return Err("chunk seqs out of range");
+                }
+                // Its events must decode: a checksum that holds over a bad encoding is damage
+                // too, not an error that stops every restart (found by review).
+                if record::event_sizes(c.value).is_none_or(|sz| sz.len() as u64 != count) {
+                    return Err("undecodable chunk");
                 }
                 let epoch = record::chunk_epoch(c.value).ok_or("unreadable chunk")?;
                 let s = self.sessions.entry(c.session).or_default();
@@ -372,6 +381,14 @@ impl Image {
                 let id = record::session_of(body).ok_or("unreadable meta")?;
                 let meta: SessionMeta =
                     serde_json::from_slice(&body[16..]).map_err(|_| "unreadable meta")?;
+                let bad_seq = |q: u64| q == 0 || q > MAX_SEQ;
+                if meta
+                    .epochs
+                    .iter()
+                    .any(|e| bad_seq(e.first) || e.last.is_some_and(|l| l > MAX_SEQ))
+                {
+                    return Err("meta seqs out of range");
+                }
                 self.sessions.entry(id).or_default().meta = Some((meta, loc));
             }
             Type::Inflight => {
@@ -528,18 +545,23 @@ mod tests {
         record::meta(&mut seg, &b, &meta_json(vec![last]));
         std::fs::write(dir.path().join(segment::file_name(1)), &seg).unwrap();
 
+        // Since review: seqs beyond MAX_SEQ (far past any real head) are damage too, so that
+        // recovery can count past them without overflow; a meta naming them is damage as well.
         let img = Image::scan(dir.path()).unwrap();
-        assert_eq!(img.damage.len(), 1, "{:?}", img.damage);
+        assert_eq!(img.damaged, 3, "{:?}", img.damage);
         assert!(img.damage[0].contains("chunk seqs out of range"));
+        assert!(img.damage[1].contains("chunk seqs out of range"));
+        assert!(img.damage[2].contains("meta seqs out of range"));
         let s = &img.sessions[&a];
         let r = s.retained();
-        assert_eq!((r.oldest, r.head), (u64::MAX - 1, u64::MAX - 1));
+        assert_eq!((r.oldest, r.head), (1, 1));
         for c in s.chunks.values() {
             let evs = img.read_chunk(c).unwrap();
             assert_eq!(evs[0].seq, c.first);
         }
-        let r = img.sessions[&b].retained();
-        assert_eq!((r.oldest, r.head), (u64::MAX, u64::MAX));
+        // B's only meta is damage: B is not a session.
+        assert!(!img.sessions.contains_key(&b));
+        let r = ImageSession::default().retained();
         assert!(r.chunks.is_empty());
     }
 }

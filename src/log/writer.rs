@@ -235,7 +235,7 @@ pub(crate) fn recover(
             }
         }
         let head = match cut_at {
-            Some(at) => at - 1,
+            Some(at) => at.saturating_sub(1),
             None => known,
         };
         let cut = cut_at.is_some();
@@ -785,6 +785,15 @@ impl Writer {
             self.publish(t, Vec::new());
             return;
         }
+        // A turn that syncs first syncs what came before it, so that its mark says all of it
+        // was synced: damage there is then told from a torn tail (no extra sync with `fsync`,
+        // where every turn is synced; a few in relaxed mode, where few turns sync).
+        if must_sync && self.dirty {
+            if let Err(e) = self.sync_now() {
+                self.probe = self.probe.max(1 << 20);
+                return self.fail(t, WriteError::Sync(e));
+            }
+        }
         let (buf, effects) = self.encode(&mut t);
         match self.write(&buf, must_sync) {
             Ok(()) => {
@@ -878,9 +887,12 @@ impl Writer {
                 self.synced_len = len;
             }
             Err(e) => {
-                // Not fatal: the full segment takes the next turns too.
+                // Not fatal: the full segment takes the next turns too. A file the failed
+                // creation left behind (its header not synced) would make every later attempt
+                // fail: it goes, and the next turn tries again.
                 self.store.metrics.store_errors.inc();
                 tracing::error!(error = %e, "cannot start a new log segment; appending to the current one");
+                let _ = self.store.fs.remove(&segment::file_name(id));
             }
         }
     }
@@ -1520,7 +1532,29 @@ impl Writer {
                 .filter(|l| l.size().2 > 1)
                 .max_by_key(|l| (l.bytes(), l.id))
                 .cloned();
-            let Some(log) = largest else { break };
+            let Some(log) = largest else {
+                // Only sessions of one chunk are left (each a large newest event): the largest
+                // gives up what it retains. A resume at its head then needs nothing retained;
+                // one that needs the head's own event meets `cursor_trimmed`.
+                let single = self
+                    .store
+                    .lock_logs()
+                    .values()
+                    .filter(|l| l.size().1 > 0)
+                    .max_by_key(|l| (l.bytes(), l.id))
+                    .cloned();
+                let Some(log) = single else { break };
+                tracing::warn!(session = %log.tag, bytes = log.bytes(), "log over log.max_total_bytes: a session of one large event gives up what it retains");
+                let dead = log.drop_before(log.head() + 1);
+                if dead.is_empty() {
+                    break;
+                }
+                for l in dead {
+                    self.kill(l);
+                }
+                self.st.internal.push(Internal::Trim(log.clone()));
+                continue;
+            };
             let (n, b, _) = log.size();
             // Aim a little below: whole chunks free record bytes in steps.
             let want_b = b.saturating_sub(over + max / 20).max(1);
