@@ -679,24 +679,7 @@ impl Modern {
         let timeout_at = self.cfg.request_timeout().map(|d| started + d);
         loop {
             let task_at = task_after.map(|d| started + d);
-            // Biased, the task's moment first: with `tasks.mode = "always"` a call becomes a task
-            // even when its answer is already waiting (a random pick made that flaky).
             tokio::select! {
-                biased;
-                _ = async { tokio::time::sleep_until(task_at.expect("guarded")).await }, if task_at.is_some() => {
-                    let tool = inb.params.get("name").and_then(Value::as_str).unwrap_or("");
-                    match self.tasks.begin(inb.identity, tool).await {
-                        Ok(t) => {
-                            let r = self.tasks.start(t, call, server_info.clone());
-                            return Ended::Answer(result_msg(&inb.id, r));
-                        }
-                        Err(e) => {
-                            // The call stays a plain request.
-                            tracing::error!(error = %e, "cannot create a task; the call goes on without one");
-                            task_after = None;
-                        }
-                    }
-                }
                 m = call.rx.recv() => match m {
                     Some(UpMsg::Progress(mut p)) => {
                         if let (Some(tok), Some(o)) = (&inb.progress, p.as_object_mut()) {
@@ -749,6 +732,20 @@ impl Modern {
                         return Ended::Answer(lost(&inb.id));
                     }
                 },
+                _ = async { tokio::time::sleep_until(task_at.expect("guarded")).await }, if task_at.is_some() => {
+                    let tool = inb.params.get("name").and_then(Value::as_str).unwrap_or("");
+                    match self.tasks.begin(inb.identity, tool).await {
+                        Ok(t) => {
+                            let r = self.tasks.start(t, call, server_info.clone());
+                            return Ended::Answer(result_msg(&inb.id, r));
+                        }
+                        Err(e) => {
+                            // The call stays a plain request.
+                            tracing::error!(error = %e, "cannot create a task; the call goes on without one");
+                            task_after = None;
+                        }
+                    }
+                }
                 _ = async { tokio::time::sleep_until(timeout_at.expect("guarded")).await }, if timeout_at.is_some() => {
                     // Dropped unfinished: the upstream call is cancelled.
                     drop(call);
