@@ -87,20 +87,29 @@ pub struct Retained {
 }
 
 impl ImageSession {
-    /// The retained range: the run of contiguous chunks ending at the newest one, from the trim
-    /// point on. A session without chunks is empty after the last seq its meta knows of.
+    /// The retained range: the run of contiguous chunks from the trim point on, up to the first
+    /// one missing (damage, a lost write: nothing after a hole is served as contiguous with what
+    /// came before it). A chunk that overlaps the run is a stale copy of an epoch cut before and
+    /// is skipped. A session without chunks is empty after the last seq its meta knows of.
+    /// Recovery serves exactly this (less any chunk outside the epochs its metadata names).
     pub fn retained(&self) -> Retained {
-        let mut run: Vec<ChunkEntry> = Vec::new();
-        for c in self.chunks.values().rev() {
-            match run.last() {
-                Some(next) if c.first + c.count != next.first => break,
-                _ => run.push(*c),
-            }
-        }
-        run.reverse();
         let trim = self.trim.map_or(0, |(t, _)| t);
-        // Chunks wholly before the trim point are not retained.
-        run.retain(|c| c.first + c.count > trim);
+        let mut run: Vec<ChunkEntry> = Vec::new();
+        for c in self.chunks.values() {
+            if c.first + c.count <= trim {
+                continue;
+            }
+            if let Some(p) = run.last() {
+                let end = p.first + p.count;
+                if c.first < end {
+                    continue;
+                }
+                if c.first != end {
+                    break;
+                }
+            }
+            run.push(*c);
+        }
         match (run.first(), run.last()) {
             (Some(f), Some(l)) => Retained {
                 oldest: f.first.max(trim),

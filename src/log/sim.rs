@@ -808,6 +808,8 @@ struct Sim {
     excuse_all: bool,
     /// Lies the file system had told at the last check.
     lies_seen: u64,
+    /// Checks a lie still excuses.
+    lie_checks: u32,
     /// Oldest retained seq of each session as recovery found it.
     recovered: HashMap<SessionId, u64>,
     step: u64,
@@ -862,6 +864,7 @@ impl Sim {
             excused: BTreeSet::new(),
             excuse_all: false,
             lies_seen: 0,
+            lie_checks: 0,
             recovered: HashMap::new(),
             step: 0,
             unix: 1_700_000_000,
@@ -998,8 +1001,20 @@ impl Sim {
     /// What a new process found, checked against what clients saw.
     fn check_recovered(&mut self, interrupted: &[Interrupted]) {
         let lies = self.fs.lies();
+        if std::env::var("SIM_TRACE").is_ok() {
+            eprintln!(
+                "TRACE step {} check: lies {lies} (seen {}), excuse_all {}, excused {:?}",
+                self.step, self.lies_seen, self.excuse_all, self.excused
+            );
+        }
         if lies != self.lies_seen {
             self.lies_seen = lies;
+            // A lie shows at the power loss after it: this check or, if it came after the last
+            // one (in this start's first turn), the next.
+            self.lie_checks = 2;
+        }
+        if self.lie_checks > 0 {
+            self.lie_checks -= 1;
             self.excuse_all = true;
         }
         let fsync = self.cfg.durability == Durability::Fsync;
@@ -1113,6 +1128,9 @@ impl Sim {
             if let Some(o) = owed.get(&id) {
                 for r in o {
                     s.reqs.insert(r.clone(), Req::InFlight);
+                    // Only an excused loss (damage took the answer) gets here: it is owed again,
+                    // from now on, for good.
+                    s.answered.remove(r);
                 }
             }
             s.log = Some(log.clone());

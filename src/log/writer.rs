@@ -198,34 +198,14 @@ pub(crate) fn recover(
                     && e.last.is_none_or(|l| c.first + c.count - 1 <= l)
             })
         };
-        // What is served: the chunks from the trim point on, up to the first one missing (a
-        // hole: damage, a dropped write) or not in the epochs the metadata names (an older copy
-        // of it). A chunk that overlaps the run is a stale copy of an epoch cut before.
-        let mut r = super::image::Retained {
-            oldest: 0,
-            head: 0,
-            chunks: Vec::new(),
-        };
+        // What is served: the retained run (from the trim point up to the first chunk missing:
+        // damage, a dropped write), less any chunk from the first one that is not in the epochs
+        // the metadata names (an older copy of it).
+        let mut r = s.retained();
         let mut cut_at = None;
-        for c in s.chunks.values() {
-            if c.first + c.count <= trim {
-                continue;
-            }
-            if let Some(p) = r.chunks.last() {
-                let end = p.first + p.count;
-                if c.first < end {
-                    continue;
-                }
-                if c.first != end {
-                    cut_at = Some(end);
-                    break;
-                }
-            }
-            if !in_epochs(c) {
-                cut_at = Some(c.first);
-                break;
-            }
-            r.chunks.push(*c);
+        if let Some(i) = r.chunks.iter().position(|c| !in_epochs(c)) {
+            cut_at = Some(r.chunks[i].first);
+            r.chunks.truncate(i);
         }
         let run_end = r.chunks.last().map(|c| c.first + c.count);
         if cut_at.is_none() {
