@@ -94,6 +94,20 @@ impl ImageSession {
     /// Recovery serves exactly this (less any chunk outside the epochs its metadata names).
     pub fn retained(&self) -> Retained {
         let trim = self.trim.map_or(0, |(t, _)| t);
+        let epochs = self.meta.as_ref().map(|(m, _)| &m.epochs);
+        // A chunk of an epoch its metadata does not give these seqs (or of an epoch older than
+        // the chunk before it) is a stale copy of an epoch cut before: the run ends there.
+        let in_epochs = |c: &ChunkEntry| {
+            // No epochs yet: the first one, from 1 (as recovery takes it).
+            epochs.is_none_or(|es| {
+                (es.is_empty() && c.epoch == 1)
+                    || es.iter().any(|e| {
+                        e.epoch == c.epoch
+                            && c.first >= e.first
+                            && e.last.is_none_or(|l| c.first + c.count - 1 <= l)
+                    })
+            })
+        };
         let mut run: Vec<ChunkEntry> = Vec::new();
         for c in self.chunks.values() {
             if c.first + c.count <= trim {
@@ -104,9 +118,12 @@ impl ImageSession {
                 if c.first < end {
                     continue;
                 }
-                if c.first != end {
+                if c.first != end || c.epoch < p.epoch {
                     break;
                 }
+            }
+            if !in_epochs(c) {
+                break;
             }
             run.push(*c);
         }
