@@ -1509,18 +1509,20 @@ impl Writer {
                 .store
                 .lock_logs()
                 .values()
-                .filter(|l| l.size().2 > 1)
+                // Live sessions only (ended ones are evicted whole, first), with an event to
+                // spare: trimming never takes the head.
+                .filter(|l| l.ended().is_none() && l.size().0 > 1)
                 .max_by_key(|l| (l.bytes(), l.id))
                 .cloned();
             let Some(log) = largest else {
-                // Only sessions of one chunk are left (each a large newest event): the largest
+                // Only live sessions of one event are left (each a large one): the largest
                 // gives up what it retains. A resume at its head then needs nothing retained;
                 // one that needs the head's own event meets `cursor_trimmed`.
                 let single = self
                     .store
                     .lock_logs()
                     .values()
-                    .filter(|l| l.size().1 > 0)
+                    .filter(|l| l.ended().is_none() && l.size().0 == 1 && l.size().1 > 0)
                     .max_by_key(|l| (l.bytes(), l.id))
                     .cloned();
                 let Some(log) = single else { break };
