@@ -73,6 +73,9 @@ pub struct ImageSession {
     pub trim: Option<(u64, Loc)>,
     /// Requests in flight, by canonical JSON-RPC id.
     pub inflight: HashMap<String, InflightEntry>,
+    /// In-flight records each chunk (by first seq) ended: owed again if recovery does not serve
+    /// the chunk (it lies past damage).
+    pub answered: BTreeMap<u64, Vec<(String, InflightEntry)>>,
 }
 
 /// A session's retained range, as recovery and `inspect` read it.
@@ -389,7 +392,9 @@ impl Image {
                 let last = c.first + count - 1;
                 for id in &c.completes {
                     if s.inflight.get(id).is_some_and(|e| e.registered_at < last) {
-                        s.inflight.remove(id);
+                        if let Some(e) = s.inflight.remove(id) {
+                            s.answered.entry(c.first).or_default().push((id.clone(), e));
+                        }
                     }
                 }
                 s.chunks.insert(

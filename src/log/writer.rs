@@ -162,7 +162,7 @@ pub(crate) fn recover(
     let mut internal = vec![Internal::Open];
     let mut interrupted = Vec::new();
     let sessions = std::mem::take(&mut img.sessions);
-    for (id, s) in sessions {
+    for (id, mut s) in sessions {
         let Some((mut meta, meta_loc)) = s.meta.clone() else {
             continue;
         };
@@ -230,6 +230,16 @@ pub(crate) fn recover(
             }
         }
         let oldest = r.chunks.first().map_or(head + 1, |c| c.first.max(trim));
+        if cut {
+            // Answers in chunks past the cut are not served: their requests are owed again
+            // (answered -32091 by the caller), so no client await is left open.
+            let past: Vec<u64> = s.answered.range(head + 1..).map(|(f, _)| *f).collect();
+            for f in past {
+                for (req, e) in s.answered.remove(&f).unwrap_or_default() {
+                    s.inflight.entry(req).or_insert(e);
+                }
+            }
+        }
         let mut chunks = VecDeque::with_capacity(r.chunks.len());
         let mut bytes = 0;
         for c in &r.chunks {

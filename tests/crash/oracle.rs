@@ -500,7 +500,10 @@ pub async fn resumes(
             // (A damaged session evicted before its next resume: 404 is all that is left.)
             s.damage_pending = false;
             Want::Gone
-        } else if s.damage.is_some() {
+        } else if s.damage.is_some_and(|(first, _)| last.1 + 1 >= first) {
+            // Into or past the damage: refused (the session is sealed at its last intact
+            // event). A cursor before it resumes up to the seal, then goes on in the new epoch,
+            // as after a lost relaxed tail: served, and checked like any other resume.
             Want::Damaged
         } else if s.loss {
             Want::Loss
