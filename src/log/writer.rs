@@ -127,15 +127,28 @@ pub(crate) fn recover(
         } else {
             let seg = Segment::open(&*dir, last.id, true)?;
             seg.truncate(at)?;
-            seg.sync()?;
             rec.torn_bytes = last.file_len - at;
             last.file_len = at;
         }
         tracing::warn!(dir = %dir.path().display(), bytes = rec.torn_bytes, "log ended in a torn write (an unclean stop); cut it off");
-    } else if let Some(last) = img.segments.last() {
+    }
+    if let Some(last) = img.segments.last() {
         // What survived in the page cache (a process crash, not a power loss) is made durable
-        // before this run starts another segment: every segment but the newest is synced whole.
-        Segment::open(&*dir, last.id, true)?.sync()?;
+        // before this run serves it or starts another segment: every segment but the newest is
+        // synced whole. Written again first: after a failed `fdatasync` (the previous run's
+        // exit 74) the kernel may hold those pages clean although they never reached the disk,
+        // so a sync alone would not write them, and a power loss later would take events this
+        // run served (fsyncgate). Only the part past the last mark's synced offset is unproven.
+        let seg = Segment::open(&*dir, last.id, true)?;
+        let from = last
+            .synced
+            .clamp(record::SEGMENT_HEADER as u64, last.file_len);
+        if last.file_len > from {
+            let mut tail = vec![0u8; (last.file_len - from) as usize];
+            seg.read_at(&mut tail, from)?;
+            seg.write_at(&tail, from)?;
+        }
+        seg.sync()?;
     }
     let mut segs = BTreeMap::new();
     for s in &img.segments {
@@ -1362,8 +1375,13 @@ impl Writer {
             }
         }
         // Trim before waking readers, so nobody observes a head beyond the retention bound.
+        // Never an ended session, not even in the turn of its end (whose chunk may take it over
+        // the bound): its trim record would follow a turn later, so the data dir would show, for
+        // a turn, events it no longer has; an ended session is kept whole or evicted whole.
         for log in touched.values() {
-            self.trim_session(log, self.store.max_events, self.store.max_bytes);
+            if log.ended().is_none() {
+                self.trim_session(log, self.store.max_events, self.store.max_bytes);
+            }
         }
         self.enforce_total();
         let mut room = Vec::new();
