@@ -582,6 +582,7 @@ impl Config {
             }
         }
         crate::tls::check(&self.tls).map_err(|e| bad(e.key, e.reason))?;
+        self.auth.check().map_err(|(k, r)| bad(k, r))?;
         for (i, h) in self.auth.identity_headers.iter().enumerate() {
             if http::HeaderName::from_bytes(h.as_bytes()).is_err() {
                 return Err(bad(

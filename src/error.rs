@@ -62,6 +62,9 @@ pub enum Error {
     /// `auth.require_identity` and the request carries none.
     #[error("Unauthorized: this proxy requires an identity (auth.identity_headers or a client certificate)")]
     IdentityRequired,
+    /// `auth.mode = "jwt"` and the request's bearer token is missing, or not one we accept.
+    #[error("Unauthorized: this proxy requires a valid bearer token (OAuth 2.1)")]
+    InvalidToken,
     /// The standalone stream of a bearer session already has a connection.
     #[error("Conflict: Only one SSE stream is allowed per session (resume with Last-Event-ID to take it over)")]
     StreamActive,
@@ -118,6 +121,7 @@ impl Error {
             Error::OriginNotAllowed => (403, -32000, "origin_not_allowed"),
             Error::HostNotAllowed => (403, -32000, "host_not_allowed"),
             Error::IdentityRequired => (401, -32001, "identity_required"),
+            Error::InvalidToken => (401, -32001, "invalid_token"),
             Error::StreamActive => (409, -32000, "stream_active"),
             Error::MethodNotAllowed(_) => (405, -32600, "method_not_allowed"),
             Error::Upstream(_) => (502, -32603, "upstream_error"),

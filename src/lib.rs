@@ -42,6 +42,7 @@ pub mod error;
 mod facade;
 pub mod identity;
 pub mod inspect;
+pub mod jwt;
 /// The HTTP faces' header parsers, gathered for the `headers` fuzz target.
 #[doc(hidden)]
 pub mod headers {

@@ -34,11 +34,13 @@ pub const DROPPED_REASONS: [&str; 5] = [
 ];
 
 /// Reasons of `mcp_resume_requests_rejected_total`.
-pub const REJECT_REASONS: [&str; 4] = [
+pub const REJECT_REASONS: [&str; 6] = [
     "origin_not_allowed",
     "host_not_allowed",
     "identity_required",
     "unsupported_media_type",
+    "token_required",
+    "invalid_token",
 ];
 
 /// All metric handles. Cloning is cheap (handles are reference counted).

@@ -744,6 +744,175 @@ async fn require_identity_answers_401_without_one() {
     proxy.stop().await;
 }
 
+/// An Ed25519 signing key and its JWKS (`kid` = `kid`).
+fn jwt_key(kid: &str) -> (jsonwebtoken::EncodingKey, Value) {
+    use base64::Engine;
+    use ring::signature::KeyPair;
+    let pkcs8 =
+        ring::signature::Ed25519KeyPair::generate_pkcs8(&ring::rand::SystemRandom::new()).unwrap();
+    let pair = ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(pair.public_key().as_ref());
+    (
+        jsonwebtoken::EncodingKey::from_ed_der(pkcs8.as_ref()),
+        json!({"kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "alg": "EdDSA", "use": "sig"}),
+    )
+}
+
+fn jwt(key: &jsonwebtoken::EncodingKey, kid: &str, sub: &str, exp_in: i64) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let mut h = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+    h.kid = Some(kid.into());
+    let claims = json!({
+        "iss": "https://auth.test", "aud": "https://mcp.test/mcp", "sub": sub,
+        "iat": now, "exp": now + exp_in, "jti": format!("{sub}-{exp_in}"),
+    });
+    format!("Bearer {}", jsonwebtoken::encode(&h, &claims, key).unwrap())
+}
+
+/// `auth.mode = "jwt"` (design.md §11b): the proxy is an OAuth 2.1 resource server on every face.
+/// No token: 401 with `WWW-Authenticate: Bearer resource_metadata=…`; a bad one (another key,
+/// expired, HMAC with the public key): 401 with `error="invalid_token"`; a valid one is served,
+/// and the session belongs to its (iss, sub) — a refreshed token of the same subject keeps it,
+/// another subject's valid token gets 404 as for any unknown session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jwt_mode_verifies_bearer_tokens_on_every_face() {
+    let (key, jwk) = jwt_key("k1");
+    let (other, _) = jwt_key("k1");
+    let jwks = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(jwks.path(), json!({"keys": [jwk.clone()]}).to_string()).unwrap();
+    let meta = "https://mcp.test/.well-known/oauth-protected-resource";
+    let path = jwks.path().to_path_buf();
+    let (_up, _tap, proxy) = fastmcp_proxy(|c| {
+        c.auth.mode = mcp_resume_proxy::identity::AuthMode::Jwt;
+        c.auth.jwks_file = Some(path);
+        c.auth.issuer = "https://auth.test".into();
+        c.auth.audience = vec!["https://mcp.test/mcp".into()];
+        c.auth.resource_metadata_url = meta.into();
+    })
+    .await;
+    let t = Target::plain(proxy.addr());
+    let alice = jwt(&key, "k1", "alice", 300);
+    let alice_refreshed = jwt(&key, "k1", "alice", 600);
+    let bob = jwt(&key, "k1", "bob", 300);
+    let forged = jwt(&other, "k1", "alice", 300);
+    let expired = jwt(&key, "k1", "alice", -3600);
+    let hmac = {
+        let secret = serde_json::to_vec(&jwk).unwrap();
+        let claims = json!({"iss": "https://auth.test", "aud": "https://mcp.test/mcp", "sub": "alice", "exp": 4_000_000_000u64});
+        let tok = jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(&secret),
+        )
+        .unwrap();
+        format!("Bearer {tok}")
+    };
+    let challenge = |r: &Resp| r.header("www-authenticate").unwrap_or_default();
+
+    // No token, on each face.
+    let r = t
+        .send("GET", "/sse", &[("accept", "text/event-stream")], None)
+        .await;
+    assert_eq!(
+        challenge(&r),
+        format!("Bearer resource_metadata=\"{meta}\"")
+    );
+    refused(r, 401, "invalid_token").await;
+    let r = mcp_initialize(&t, V_NEW, "anonymous", &[]).await;
+    assert_eq!(
+        challenge(&r),
+        format!("Bearer resource_metadata=\"{meta}\"")
+    );
+    refused(r, 401, "invalid_token").await;
+    // Bad tokens.
+    for bad in [&forged, &expired, &hmac, &"Bearer x.y.z".to_string()] {
+        let r = mcp_initialize(&t, V_NEW, "bad", &[("authorization", bad)]).await;
+        assert_eq!(
+            challenge(&r),
+            format!("Bearer error=\"invalid_token\", resource_metadata=\"{meta}\""),
+            "{bad}"
+        );
+        refused(r, 401, "invalid_token").await;
+        let r = t
+            .send(
+                "GET",
+                "/sse",
+                &[("accept", "text/event-stream"), ("authorization", bad)],
+                None,
+            )
+            .await;
+        refused(r, 401, "invalid_token").await;
+    }
+    // The 2026-07-28 face answers the same before it reads the body.
+    let modern = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "0"}}}})
+    .to_string();
+    let modern_headers = |auth: &'static str| -> Vec<(&'static str, &'static str)> {
+        vec![
+            ("content-type", "application/json"),
+            ("accept", "application/json, text/event-stream"),
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/list"),
+            ("authorization", auth),
+        ]
+    };
+    let forged_static: &'static str = Box::leak(forged.clone().into_boxed_str());
+    let alice_static: &'static str = Box::leak(alice.clone().into_boxed_str());
+    let r = t
+        .send(
+            "POST",
+            "/mcp",
+            &modern_headers(forged_static),
+            Some(&modern),
+        )
+        .await;
+    refused(r, 401, "invalid_token").await;
+    let r = t
+        .send("POST", "/mcp", &modern_headers(alice_static), Some(&modern))
+        .await;
+    assert_eq!(r.status, 200, "a valid token is served on the 2026 face");
+
+    // Valid: served, and the session is alice's whatever token of hers she shows.
+    let a = [("authorization", alice.as_str())];
+    let a2 = [("authorization", alice_refreshed.as_str())];
+    let b = [("authorization", bob.as_str())];
+    let (mut sse, l, _c1) = legacy_session_as(&t, &a).await;
+    assert_eq!(
+        legacy_post(&t, &l, &a2, &echo(2, "refreshed")).await.status,
+        202
+    );
+    assert_eq!(until_response(&mut sse, 2).await.len(), 1);
+    refused(
+        legacy_post(&t, &l, &b, &echo(3, "bob")).await,
+        404,
+        "unknown_session",
+    )
+    .await;
+    let s = mcp_init(&t, V_NEW, &a).await;
+    assert_eq!(mcp_post(&t, &s, &a2, &echo(4, "x")).await.status, 200);
+    refused(
+        mcp_post(&t, &s, &b, &echo(5, "x")).await,
+        404,
+        "unknown_session",
+    )
+    .await;
+    refused(
+        mcp_post(&t, &s, &[], &echo(6, "x")).await,
+        401,
+        "invalid_token",
+    )
+    .await;
+    let rejected = |r: &str| format!("mcp_resume_requests_rejected_total{{reason=\"{r}\"}}");
+    assert_eq!(proxy.metric(&rejected("invalid_token")).await, 9.0);
+    assert_eq!(proxy.metric(&rejected("token_required")).await, 3.0);
+    proxy.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. No ids in logs
 

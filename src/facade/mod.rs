@@ -39,6 +39,8 @@ pub struct Ctx {
     hosts: Vec<String>,
     /// The 2026-07-28 face (its janitor is the caller's to spawn: [`crate::modern::Modern::janitor`]).
     pub modern: Arc<crate::modern::Modern>,
+    /// `auth.mode = "jwt"`: the token verifier.
+    jwt: Option<Arc<crate::jwt::Verifier>>,
 }
 
 /// The client's address, attached to every request by the listener.
@@ -87,6 +89,10 @@ impl Ctx {
             reg.metrics.clone(),
             env.drain.clone(),
         );
+        let jwt = cfg
+            .auth
+            .jwt_rules()
+            .map(|r| Arc::new(crate::jwt::Verifier::new(r)));
         Self {
             cfg,
             reg,
@@ -94,6 +100,7 @@ impl Ctx {
             origins,
             hosts,
             modern,
+            jwt,
         }
     }
 
@@ -143,8 +150,46 @@ impl Ctx {
     }
 
     /// The caller of a request: the keyed identity of its identity headers and client
-    /// certificate. `Err` is the 401 answer when `auth.require_identity` is set and it has none.
+    /// certificate, or (`auth.mode = "jwt"`) of its verified token's issuer and subject. `Err` is
+    /// the 401 answer when `auth.require_identity` is set and it has none, or when its token is
+    /// missing or invalid (with `WWW-Authenticate`, RFC 6750 and RFC 9728).
     pub fn caller<B>(&self, req: &http::Request<B>) -> Result<Caller, Box<Resp>> {
+        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        if let Some(v) = &self.jwt {
+            let auth = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .map(|h| h.as_bytes());
+            return match v.verify(auth) {
+                Ok(p) => Ok(Caller {
+                    identity: Some(self.reg.log.keys().principal(&p)),
+                    peer,
+                }),
+                Err(e) => {
+                    let invalid = matches!(e, crate::jwt::TokenError::Invalid(_));
+                    tracing::debug!(error = %e, "request without a valid bearer token: 401");
+                    self.reg.metrics.request_rejected(if invalid {
+                        "invalid_token"
+                    } else {
+                        "token_required"
+                    });
+                    let mut r = error_response(&Error::InvalidToken, None);
+                    let mut challenge = String::from("Bearer");
+                    if invalid {
+                        challenge.push_str(" error=\"invalid_token\"");
+                    }
+                    let u = &self.cfg.auth.resource_metadata_url;
+                    if !u.is_empty() {
+                        challenge.push_str(if invalid { ", " } else { " " });
+                        challenge.push_str(&format!("resource_metadata=\"{u}\""));
+                    }
+                    if let Ok(h) = HeaderValue::from_str(&challenge) {
+                        r.headers_mut().insert(header::WWW_AUTHENTICATE, h);
+                    }
+                    Err(Box::new(r))
+                }
+            };
+        }
         let cert = req.extensions().get::<ClientCert>().map(|c| &c.0);
         let identity = self
             .reg
@@ -155,10 +200,7 @@ impl Ctx {
             self.reg.metrics.request_rejected("identity_required");
             return Err(Box::new(error_response(&Error::IdentityRequired, None)));
         }
-        Ok(Caller {
-            identity,
-            peer: req.extensions().get::<PeerAddr>().map(|p| p.0.ip()),
-        })
+        Ok(Caller { identity, peer })
     }
 
     /// May `caller`, on face `face`, use a session opened on `opened` and bound to `bound`? A

@@ -72,7 +72,20 @@ def derived_config(v: dict) -> dict[tuple[str, str], object]:
         ("tls", "cert_file"): f"{SECRETS_DIR}/tls/tls.crt" if v["tls"]["secretName"] else None,
         ("tls", "key_file"): f"{SECRETS_DIR}/tls/tls.key" if v["tls"]["secretName"] else None,
         ("tls", "client_ca_file"): f"{SECRETS_DIR}/client-ca/ca.crt" if v["tls"]["clientCaSecretName"] else None,
+        ("auth", "jwks_file"): f"{SECRETS_DIR}/jwks/jwks.json" if jwks(v) else None,
     }
+
+
+def jwks(v: dict) -> tuple[str, str, str] | None:
+    """(kind, name, key) of the JWKS's source (auth.mode = "jwt"), or None."""
+    j = v["jwks"]
+    if v["proxy"]["config"]["auth"]["mode"] != "jwt":
+        return None
+    if j["secretName"]:
+        return ("secret", j["secretName"], j["key"])
+    if j["configMapName"]:
+        return ("configMap", j["configMapName"], j["key"])
+    return None
 
 
 def upstream_ca(v: dict) -> tuple[str, str, str] | None:
@@ -94,6 +107,7 @@ def check_files(c: Checks, cfg: dict, v: dict, proxy: dict, server: dict, volume
         ("tls", "key_file"): ("secret", tls["secretName"], "tls.key"),
         ("tls", "client_ca_file"): ("secret", tls["clientCaSecretName"], tls["clientCaKey"]),
         ("upstream", "ca_file"): upstream_ca(v),
+        ("auth", "jwks_file"): jwks(v),
     }
     mounts = proxy.get("volumeMounts", [])
     used = set()

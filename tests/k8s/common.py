@@ -108,7 +108,10 @@ CONFIG_KEYS = {
         "idle_ttl_secs", "retain_ended_secs", "max_sessions", "keepalive_secs", "max_per_identity", "unused_ttl_secs",
     ],
     "shutdown": ["grace_secs"],
-    "auth": ["identity_headers", "require_identity"],
+    "auth": [
+        "mode", "identity_headers", "require_identity", "jwks_file", "issuer", "audience", "leeway_secs",
+        "algorithms", "resource_metadata_url",
+    ],
     "tls": ["cert_file", "key_file", "client_ca_file", "reload_secs"],
     "modern": ["pool_max_sessions", "pool_idle_secs", "pool_wait_secs", "cache_ttl_ms", "input_ttl_secs"],
     "tasks": ["mode", "after_ms", "ttl_secs", "poll_interval_ms"],
@@ -153,7 +156,17 @@ CONFIG_DEFAULTS = {
         "unused_ttl_secs": 15,
     },
     "shutdown": {"grace_secs": 10},
-    "auth": {"identity_headers": ["authorization"], "require_identity": False},
+    "auth": {
+        "mode": "opaque",
+        "identity_headers": ["authorization"],
+        "require_identity": False,
+        "jwks_file": None,
+        "issuer": "",
+        "audience": [],
+        "leeway_secs": 60,
+        "algorithms": ["RS256", "ES256", "EdDSA"],
+        "resource_metadata_url": "",
+    },
     "tls": {"cert_file": None, "key_file": None, "client_ca_file": None, "reload_secs": 10},
     "modern": {
         "pool_max_sessions": 64,
@@ -175,6 +188,7 @@ CONFIG_DERIVED = {
     ("tls", "cert_file"),
     ("tls", "key_file"),
     ("tls", "client_ca_file"),
+    ("auth", "jwks_file"),
 }
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}

@@ -110,6 +110,17 @@ Checks that values which would only fail at run time fail at render time instead
 {{- if and $tls.clientCaSecretName (not $tls.secretName) -}}
 {{- fail "tls.clientCaSecretName needs tls.secretName (mutual TLS is TLS: the proxy asks for client certificates only on a TLS listener)" -}}
 {{- end -}}
+{{- if and .Values.jwks.secretName .Values.jwks.configMapName -}}
+{{- fail "jwks: set secretName or configMapName, not both" -}}
+{{- end -}}
+{{- if eq ($c.auth.mode | default "opaque") "jwt" -}}
+{{- if not (or .Values.jwks.secretName .Values.jwks.configMapName) -}}
+{{- fail "proxy.config.auth.mode = jwt needs the issuer's keys: jwks.secretName or jwks.configMapName" -}}
+{{- end -}}
+{{- if or (not $c.auth.issuer) (not $c.auth.audience) -}}
+{{- fail "proxy.config.auth.mode = jwt needs proxy.config.auth.issuer and proxy.config.auth.audience" -}}
+{{- end -}}
+{{- end -}}
 {{- if and $tls.upstreamCa.secretName $tls.upstreamCa.configMapName -}}
 {{- fail "tls.upstreamCa: set secretName or configMapName, not both" -}}
 {{- end -}}
