@@ -21,7 +21,7 @@
 //! read-only file system, a failed `fdatasync`, whose effect on the page cache is unknown) leaves
 //! it *failed*: no more writes; the process is expected to exit and recover on restart.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -461,6 +461,11 @@ pub(crate) struct Writer {
     last_retry: tokio::time::Instant,
     /// Bytes of free space that count as "space again" after running out (0 while not degraded).
     probe: usize,
+    /// Segments where records died whose cause (a remove, a trim) may not be written yet: a
+    /// degraded log must not delete them before it is, or a crash would bring part of a removed
+    /// session back (its later records in other segments). Cleared after a turn that left no
+    /// record owed.
+    dead_unsure: BTreeSet<u64>,
 }
 
 /// Why a turn was not written.
@@ -692,6 +697,7 @@ impl Writer {
             closed: false,
             last_retry: tokio::time::Instant::now(),
             probe: 0,
+            dead_unsure: BTreeSet::new(),
         }
     }
 
@@ -786,6 +792,7 @@ impl Writer {
         if t.is_empty() && !(t.sync && self.dirty) {
             self.last_written = 0;
             self.publish(t, Vec::new());
+            self.settle_dead();
             return;
         }
         // A turn that syncs first syncs what came before it, so that its mark says all of it
@@ -801,7 +808,8 @@ impl Writer {
         match self.write(&buf, must_sync) {
             Ok(()) => {
                 self.last_written = buf.len();
-                self.publish(t, effects)
+                self.publish(t, effects);
+                self.settle_dead();
             }
             Err(w) => {
                 self.probe = self.probe.max((buf.len() * 2).clamp(1 << 20, 64 << 20));
@@ -900,6 +908,14 @@ impl Writer {
         }
     }
 
+    /// After a written turn: when no record is owed any more, every death so far has its cause
+    /// written (and [`Writer::reclaim_dead`] syncs before it deletes).
+    fn settle_dead(&mut self) {
+        if self.st.internal.is_empty() {
+            self.dead_unsure.clear();
+        }
+    }
+
     /// Degraded (out of space): deletes the segments whose records are all dead, so a full disk
     /// can heal by itself. What superseded their records is synced first. A dead segment after a
     /// live one goes only if it holds nothing that keeps records of older segments dead after a
@@ -916,7 +932,7 @@ impl Writer {
             .map(|(id, s)| (*id, s.seg.clone(), s.len, s.live))
             .collect();
         for (id, seg, len, live) in candidates {
-            if live != 0 {
+            if live != 0 || self.dead_unsure.contains(&id) {
                 prefix = false;
                 continue;
             }
@@ -1290,6 +1306,7 @@ impl Writer {
     }
 
     fn kill(&mut self, l: Loc) {
+        self.dead_unsure.insert(l.seg);
         if let Some(s) = self.st.segs.get_mut(&l.seg) {
             s.live = s.live.saturating_sub(u64::from(l.len));
         }
