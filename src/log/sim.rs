@@ -850,6 +850,8 @@ struct Sim {
     recovered: HashMap<SessionId, u64>,
     /// A flipped bit hit no session the simulator could name.
     flipped_unknown: bool,
+    /// Steps left of a flood (large appends to a few sessions, about a turn's worth a step).
+    flood: u32,
     step: u64,
     unix: u64,
     idle_busy_turns: u32,
@@ -862,6 +864,10 @@ fn payload(id: &SessionId, n: u64, rng: &mut Rng) -> Bytes {
         1..=3 => rng.below(600),
         _ => rng.below(80),
     } as usize;
+    payload_padded(id, n, pad)
+}
+
+fn payload_padded(id: &SessionId, n: u64, pad: usize) -> Bytes {
     let mut s = format!("{{\"s\":\"{id}\",\"n\":{n},\"pad\":\"");
     s.extend(std::iter::repeat_n('x', pad));
     s.push_str("\"}");
@@ -905,6 +911,7 @@ impl Sim {
             lie_checks: 0,
             recovered: HashMap::new(),
             flipped_unknown: false,
+            flood: 0,
             step: 0,
             unix: 1_700_000_000,
             idle_busy_turns: 0,
@@ -1668,7 +1675,17 @@ impl Sim {
             FIXED_UNIX.with(|c| c.set(Some(self.unix)));
         }
         let live = self.live_sessions();
-        let roll = self.rng.below(1000);
+        let roll = if self.flood > 0 {
+            // A sustained flood: nothing but large appends, so compaction must keep pace with
+            // what each turn writes (the disk bound) or the writer must throttle.
+            self.flood -= 1;
+            for id in live.iter().take(3) {
+                self.append_large(*id);
+            }
+            1000
+        } else {
+            self.rng.below(1000)
+        };
         match roll {
             0..=59 if live.len() < 12 => {
                 self.create();
@@ -1744,6 +1761,7 @@ impl Sim {
                 f.capacity = None;
                 self.fs.set_faults(f);
             }
+            764..=766 => self.flood = 30 + self.rng.below(31) as u32,
             _ => {}
         }
         // Turns: usually one, sometimes ops pile up (group commit), sometimes several.
@@ -1826,6 +1844,25 @@ impl Sim {
             log,
             evs,
             done,
+            _permit: None,
+        });
+    }
+
+    /// Three events of 2 to 6 KiB.
+    fn append_large(&mut self, id: SessionId) {
+        let s = self.sessions.get_mut(&id).expect("live");
+        let log = s.log.clone().expect("live");
+        let mut evs = Vec::new();
+        for _ in 0..3 {
+            s.next_payload += 1;
+            let pad = 2048 + self.rng.below(4096) as usize;
+            let p = payload_padded(&id, s.next_payload, pad);
+            evs.push(NewEvent::new(StreamTag::LEGACY, Kind::Message, p));
+        }
+        self.ops.push(Op::Append {
+            log,
+            evs,
+            done: None,
             _permit: None,
         });
     }
