@@ -22,6 +22,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, Request};
+use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use serde_json::json;
 use serde_json::value::RawValue;
@@ -276,9 +277,17 @@ async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     } else {
         None
     };
-    let body = match read_client_body(ctx, req.into_body()).await {
-        Ok(b) => b,
-        Err(r) => return *r,
+    let body = match req.into_body() {
+        Either::Left(unread) => match read_client_body(ctx, unread).await {
+            Ok(b) => b,
+            Err(r) => return *r,
+        },
+        // Read by the era selection (and already in the body budget).
+        Either::Right(read) => read
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default(),
     };
     let (msgs, batch) = match parse_body(&body) {
         Ok(x) => x,
