@@ -77,6 +77,12 @@ pub struct ListenConfig {
     /// Seconds a request body may take to arrive completely, from the end of its head; a slower
     /// body is answered 408 and its connection closed, so it cannot hold a connection slot longer.
     pub body_timeout_secs: u64,
+    /// Most bytes of client request bodies held in memory at once, all connections together
+    /// (from the first byte read until the proxy is done with the body). A body that does not
+    /// fit waits for room within `body_timeout_secs`, then gets 503; one body always fits (a
+    /// budget below the 4 MiB body limit still admits one at a time). Bounds the proxy's
+    /// memory under `max_connections` uploads.
+    pub max_body_bytes_in_flight: usize,
     /// Origins (`scheme://host[:port]`) allowed to call either face from a browser; a request
     /// with any other `Origin` gets 403. Requests without `Origin` (non-browser clients) pass.
     pub allowed_origins: Vec<String>,
@@ -200,6 +206,7 @@ impl Default for ListenConfig {
             addr: "127.0.0.1:8080".into(),
             max_connections: 10_000,
             body_timeout_secs: 30,
+            max_body_bytes_in_flight: 64 * 1024 * 1024,
             allowed_origins: Vec::new(),
             allowed_hosts: Vec::new(),
         }
@@ -507,6 +514,10 @@ impl Config {
         addr("admin.addr", &self.admin.addr)?;
         positive("listen.max_connections", self.listen.max_connections as u64)?;
         positive("listen.body_timeout_secs", self.listen.body_timeout_secs)?;
+        positive(
+            "listen.max_body_bytes_in_flight",
+            self.listen.max_body_bytes_in_flight as u64,
+        )?;
         // Seconds become `Duration`s and deadlines; absurd values would overflow `Instant` math.
         if self.listen.body_timeout_secs > MAX_TIMEOUT_SECS {
             return Err(bad(

@@ -3,8 +3,14 @@
 //! Payloads are never re-serialised on the data path: [`Peek`] reads only the fields routing needs
 //! (`id`, `method`, whether it is a response, `progressToken`) and the original bytes travel on.
 
+use std::borrow::Cow;
+
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+
+/// The deepest nesting of arrays and objects a client message may have ([`too_deep`]).
+pub const MAX_DEPTH: usize = 64;
 
 /// JSON-RPC error code for a refused resume (design.md §4).
 pub const RESUME_GAP: i64 = -32090;
@@ -71,7 +77,12 @@ struct RawMeta<'a> {
 /// (`"\ud800"`), a number beyond `f64` (`1e400`), nesting deeper than 128 — is kept as sent, so
 /// it still matches its own echo byte for byte (found by fuzzing; such ids are not valid
 /// Unicode or not representable by most peers anyway).
+///
+/// Arrays and objects (not valid ids) are kept as sent too: they are never parsed into a tree.
 pub fn canonical(raw: &RawValue) -> String {
+    if raw.get().starts_with(['[', '{']) {
+        return raw.get().to_string();
+    }
     match serde_json::from_str::<serde_json::Value>(raw.get()) {
         Ok(v) => v.to_string(),
         Err(_) => raw.get().to_string(),
@@ -173,6 +184,49 @@ pub fn looks_like_response(head: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn depth_is_counted_outside_strings() {
+        assert!(!too_deep(b"[[[1]]]", 3));
+        assert!(too_deep(b"[[[[1]]]]", 3));
+        assert!(too_deep(br#"{"a":{"b":[{}]}}"#, 3));
+        // Brackets in strings, escaped quotes included, do not count.
+        assert!(!too_deep(br#"["[[[[", "\"[[[[", "{{{{"]"#, 1));
+        // Depth is the deepest point, not the number of brackets.
+        assert!(!too_deep(&b"[],".repeat(10_000), 1));
+    }
+
+    #[test]
+    fn members_and_items_are_walked_in_place() {
+        let raw: &RawValue =
+            serde_json::from_str(r#"{"a": [1, {"x": 2}], "b\u0041": "s", "c": {}}"#).unwrap();
+        let mut seen = Vec::new();
+        for_each_member(raw, |k, v| seen.push((k.to_string(), v.get()))).unwrap();
+        assert_eq!(
+            seen,
+            [
+                ("a".to_string(), r#"[1, {"x": 2}]"#),
+                ("bA".to_string(), r#""s""#),
+                ("c".to_string(), "{}")
+            ]
+        );
+        let arr: &RawValue = serde_json::from_str(r#"[1, "x", {"k": []}]"#).unwrap();
+        let mut items = Vec::new();
+        for_each_item(arr, |v| items.push(v.get())).unwrap();
+        assert_eq!(items, ["1", r#""x""#, r#"{"k": []}"#]);
+        assert!(for_each_member(arr, |_, _| {}).is_err());
+        assert!(for_each_item(raw, |_| {}).is_err());
+        assert_eq!(string(items_of(r#""h\u00e9""#)).as_deref(), Some("hé"));
+        assert_eq!(string(items_of("1")), None);
+        assert_eq!(scalar(items_of("[1]")), None);
+        assert_eq!(scalar(items_of("-1")), Some(serde_json::json!(-1)));
+        // Ids that are arrays or objects are kept as sent, never built.
+        assert_eq!(canonical(items_of("[1, 2]")), "[1, 2]");
+    }
+
+    fn items_of(s: &'static str) -> &'static RawValue {
+        serde_json::from_str(s).unwrap()
+    }
 
     #[test]
     fn peek_request_response_notification() {
@@ -293,5 +347,144 @@ mod tests {
         assert_eq!(v["id"], 5);
         assert_eq!(v["error"]["code"], -32091);
         assert_eq!(v["jsonrpc"], "2.0");
+    }
+}
+
+/// Whether `bytes` nest arrays and objects deeper than `max`.
+///
+/// A linear scan that allocates nothing (brackets inside strings do not count), run before any
+/// parse: the parsers below recurse once per level, and a tree of a deep value costs far more
+/// than its bytes. It does not check that the bytes are JSON.
+pub fn too_deep(bytes: &[u8], max: usize) -> bool {
+    let (mut depth, mut in_str, mut escaped) = (0usize, false, false);
+    for &b in bytes {
+        if in_str {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > max {
+                    return true;
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Whether a raw value is a JSON object.
+pub fn is_object(raw: &RawValue) -> bool {
+    raw.get().starts_with('{')
+}
+
+/// Whether a raw value is a JSON string.
+pub fn is_string(raw: &RawValue) -> bool {
+    raw.get().starts_with('"')
+}
+
+/// The text of a raw JSON string (`None` for any other value).
+pub fn string(raw: &RawValue) -> Option<String> {
+    is_string(raw)
+        .then(|| serde_json::from_str(raw.get()).ok())
+        .flatten()
+}
+
+/// A raw string or number as a `Value` (`None` for anything else: no tree is built).
+pub fn scalar(raw: &RawValue) -> Option<serde_json::Value> {
+    let first = raw.get().bytes().next()?;
+    (first == b'"' || first == b'-' || first.is_ascii_digit())
+        .then(|| serde_json::from_str(raw.get()).ok())
+        .flatten()
+}
+
+/// Calls `f` with each member of the JSON object `raw`, in the order sent: its key (borrowed
+/// unless it has escapes) and its value, borrowed. Walks an object without building it.
+///
+/// # Errors
+/// `raw` is not an object.
+pub fn for_each_member<'a>(
+    raw: &'a RawValue,
+    f: impl FnMut(&str, &'a RawValue),
+) -> Result<(), serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    Members(f).deserialize(&mut de)?;
+    de.end()
+}
+
+/// Calls `f` with each item of the JSON array `raw`, borrowed. Walks an array without building it.
+///
+/// # Errors
+/// `raw` is not an array.
+pub fn for_each_item<'a>(
+    raw: &'a RawValue,
+    f: impl FnMut(&'a RawValue),
+) -> Result<(), serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    Items(f).deserialize(&mut de)?;
+    de.end()
+}
+
+struct Items<F>(F);
+
+impl<'de, F: FnMut(&'de RawValue)> DeserializeSeed<'de> for Items<F> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, F: FnMut(&'de RawValue)> Visitor<'de> for Items<F> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON array")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(mut self, mut s: A) -> Result<(), A::Error> {
+        while let Some(v) = s.next_element::<&'de RawValue>()? {
+            (self.0)(v);
+        }
+        Ok(())
+    }
+}
+
+/// A key, borrowed from the input when it can be.
+#[derive(Deserialize)]
+struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
+
+struct Members<F>(F);
+
+impl<'de, F: FnMut(&str, &'de RawValue)> DeserializeSeed<'de> for Members<F> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, F: FnMut(&str, &'de RawValue)> Visitor<'de> for Members<F> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(mut self, mut m: A) -> Result<(), A::Error> {
+        while let Some(Key(k)) = m.next_key()? {
+            let v: &'de RawValue = m.next_value()?;
+            (self.0)(&k, v);
+        }
+        Ok(())
     }
 }

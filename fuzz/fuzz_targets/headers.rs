@@ -247,8 +247,8 @@ fn modern(h: &HeaderMap, body: &[u8]) {
             .map(|v| v.trim_matches(|c| c == ' ' || c == '\t').to_string())
     };
     let version = trimmed("mcp-protocol-version");
-    let parsed = serde_json::from_slice(body);
-    let Ok(Checked::Request(inb)) = validate(h, version.as_deref(), parsed) else {
+    let body = bytes::Bytes::copy_from_slice(body);
+    let Ok(Checked::Request(inb)) = validate(h, version.as_deref(), &body) else {
         return;
     };
     assert_eq!(version.as_deref(), Some("2026-07-28"));
@@ -260,7 +260,8 @@ fn modern(h: &HeaderMap, body: &[u8]) {
         _ => None,
     };
     if let Some(p) = name_param {
-        let want = inb.params.get(p).and_then(|v| v.as_str()).expect("named");
+        let params: serde_json::Value = serde_json::from_str(inb.params().get()).expect("JSON");
+        let want = params.get(p).and_then(|v| v.as_str()).expect("named");
         let got = trimmed("mcp-name").and_then(|v| decode_value(&v));
         assert_eq!(got.as_deref(), Some(want));
     }

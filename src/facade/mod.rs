@@ -11,7 +11,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body::Body;
-use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Either, Full};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::Config;
 use crate::domain::Facade;
@@ -37,6 +39,8 @@ pub struct Ctx {
     origins: Vec<String>,
     /// Allowed hosts, lowercase (`listen.allowed_hosts`; empty: any).
     hosts: Vec<String>,
+    /// Room for client bodies (`listen.max_body_bytes_in_flight`): see [`read_body`].
+    bodies: BodyBudget,
     /// The 2026-07-28 face (its janitor is the caller's to spawn: [`crate::modern::Modern::janitor`]).
     pub modern: Arc<crate::modern::Modern>,
     /// `auth.mode = "jwt"`: the token verifier.
@@ -93,12 +97,14 @@ impl Ctx {
             .auth
             .jwt_rules()
             .map(|r| Arc::new(crate::jwt::Verifier::new(r)));
+        let bodies = BodyBudget::new(cfg.listen.max_body_bytes_in_flight);
         Self {
             cfg,
             reg,
             env,
             origins,
             hosts,
+            bodies,
             modern,
             jwt,
         }
@@ -424,6 +430,9 @@ pub enum BodyError {
     Timeout,
     /// The client went away mid-body (or sent a broken chunked body): nobody to answer.
     Aborted(String),
+    /// No room in `listen.max_body_bytes_in_flight` within `listen.body_timeout_secs`: 503,
+    /// and the connection closes (the body was not read).
+    Busy,
 }
 
 impl BodyError {
@@ -442,6 +451,16 @@ impl BodyError {
                 "text/plain",
                 "Request Timeout: the request body did not arrive within listen.body_timeout_secs",
             )),
+            BodyError::Busy => {
+                let mut r = close(plain(
+                    503,
+                    "text/plain",
+                    "Service Unavailable: too many request bodies in flight (listen.max_body_bytes_in_flight)",
+                ));
+                r.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                r
+            }
             BodyError::Aborted(why) => {
                 tracing::debug!(error = %why, "request body ended early; client gone");
                 close(plain(
@@ -462,14 +481,45 @@ pub fn close(mut resp: Resp) -> Resp {
     resp
 }
 
-/// Reads a whole request body of at most `limit` bytes within `timeout`.
+/// Room for client bodies held in memory at once, in KiB (`listen.max_body_bytes_in_flight`).
+#[derive(Debug, Clone)]
+pub struct BodyBudget {
+    room: Arc<Semaphore>,
+    kib: usize,
+}
+
+impl BodyBudget {
+    /// A budget of `bytes` (at least 1 KiB).
+    pub fn new(bytes: usize) -> Self {
+        let kib = kib(bytes).max(1);
+        Self {
+            room: Arc::new(Semaphore::new(kib)),
+            kib,
+        }
+    }
+}
+
+/// Reads a whole request body of at most `limit` bytes within `timeout`, in `budget`.
 ///
 /// A body that declares more than `limit` (`Content-Length`) is refused before anything is read.
+/// Room in the budget is taken as the bytes arrive (a head, or a body sent slowly, holds only
+/// what it has sent), and the returned `Bytes` owns it: it is given back when the last slice of
+/// the body is dropped. So the bodies held at once, read or being read, never exceed the budget,
+/// whatever `listen.max_connections` admits. A body's first bytes wait for room; a body that
+/// already holds some and finds no more is refused at once ([`BodyError::Busy`]), so that
+/// half-read bodies never wait on each other. A budget smaller than `limit` still admits one
+/// body at a time.
 ///
 /// # Errors
 /// [`BodyError::TooLarge`] over the limit; [`BodyError::Timeout`] when it did not arrive in time;
-/// [`BodyError::Aborted`] when the body failed (the connection dropped mid-body).
-pub async fn read_body<B>(body: B, limit: usize, timeout: Duration) -> Result<Bytes, BodyError>
+/// [`BodyError::Busy`] when it found no room in time; [`BodyError::Aborted`] when the body failed
+/// (the connection dropped mid-body).
+pub async fn read_body<B>(
+    body: B,
+    limit: usize,
+    timeout: Duration,
+    budget: &BodyBudget,
+) -> Result<Bytes, BodyError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -477,17 +527,57 @@ where
     if body.size_hint().lower() > limit as u64 {
         return Err(BodyError::TooLarge);
     }
-    let collect = Limited::new(body, limit).collect();
-    match tokio::time::timeout(timeout, collect).await {
+    let read = async {
+        let mut body = std::pin::pin!(body);
+        let (mut parts, mut len) = (Vec::new(), 0usize);
+        let mut room: Option<OwnedSemaphorePermit> = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| BodyError::Aborted(e.into().to_string()))?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            len += data.len();
+            if len > limit {
+                return Err(BodyError::TooLarge);
+            }
+            let held = room.as_ref().map_or(0, |r| r.num_permits());
+            let need = kib(len).min(budget.kib).saturating_sub(held);
+            let more = u32::try_from(need).unwrap_or(u32::MAX);
+            match &mut room {
+                _ if need == 0 => {}
+                // The first bytes wait for room (holding none).
+                None => {
+                    let got = budget.room.clone().acquire_many_owned(more).await;
+                    room = Some(got.map_err(|_| BodyError::Busy)?);
+                }
+                // A body that holds room never waits for more: partial bodies waiting on each
+                // other would all wait out the timeout. No room now: 503, and its room is freed.
+                Some(r) => match budget.room.clone().try_acquire_many_owned(more) {
+                    Ok(got) => r.merge(got),
+                    Err(_) => return Err(BodyError::Busy),
+                },
+            }
+            parts.push(data);
+        }
+        let bytes = match parts.len() {
+            0 => Bytes::new(),
+            1 => parts.pop().expect("one"),
+            _ => Bytes::from(parts.concat()),
+        };
+        Ok((bytes, room))
+    };
+    match tokio::time::timeout(timeout, read).await {
+        // Out of time while the budget is full: no room, rather than a slow client.
+        Err(_) if budget.room.available_permits() == 0 => Err(BodyError::Busy),
         Err(_) => Err(BodyError::Timeout),
-        Ok(Ok(b)) => Ok(b.to_bytes()),
-        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge),
-        Ok(Err(e)) => Err(BodyError::Aborted(e.to_string())),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok((bytes, None))) => Ok(bytes),
+        Ok(Ok((bytes, Some(room)))) => Ok(Bytes::from_owner(Held { bytes, _room: room })),
     }
 }
 
-/// [`read_body`] with the proxy's limits ([`MAX_BODY`], `listen.body_timeout_secs`), answering
-/// the failure.
+/// [`read_body`] with the proxy's limits ([`MAX_BODY`], `listen.body_timeout_secs`,
+/// `listen.max_body_bytes_in_flight`), answering the failure.
 ///
 /// # Errors
 /// The response for the [`BodyError`].
@@ -496,9 +586,26 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    read_body(body, MAX_BODY, ctx.cfg.body_timeout())
+    read_body(body, MAX_BODY, ctx.cfg.body_timeout(), &ctx.bodies)
         .await
         .map_err(|e| Box::new(e.response()))
+}
+
+/// `n` bytes in KiB, rounded up.
+fn kib(n: usize) -> usize {
+    n.div_ceil(1024)
+}
+
+/// A client body and its room in the body budget.
+struct Held {
+    bytes: Bytes,
+    _room: OwnedSemaphorePermit,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
 }
 
 /// The value of a query parameter.
@@ -568,9 +675,38 @@ mod tests {
 
     const T: Duration = Duration::from_secs(30);
 
+    fn room() -> BodyBudget {
+        BodyBudget::new(1 << 20)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bodies_hold_their_room_until_dropped() {
+        let budget = BodyBudget::new(2048);
+        static BIG: [u8; 1500] = [0; 1500];
+        let a = read_body(body(&[&BIG], Then::End, None), 4096, T, &budget)
+            .await
+            .unwrap();
+        assert_eq!(budget.room.available_permits(), 0, "1500 bytes hold 2 KiB");
+        // No room: a second body waits, then is refused (503), though it arrived whole.
+        let b = read_body(body(&[b"x"], Then::End, None), 4096, T, &budget).await;
+        assert_eq!(b.unwrap_err(), BodyError::Busy);
+        let r = BodyError::Busy.response();
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()[header::CONNECTION], "close");
+        // A slice keeps the room; dropping the last one gives it back.
+        let slice = a.slice(0..10);
+        drop(a);
+        assert_eq!(budget.room.available_permits(), 0);
+        drop(slice);
+        assert_eq!(budget.room.available_permits(), 2);
+        // A body larger than the whole budget is still read, alone.
+        let c = read_body(body(&[&BIG, &BIG], Then::End, None), 4096, T, &budget).await;
+        assert_eq!(c.unwrap().len(), 3000);
+    }
+
     #[tokio::test]
     async fn whole_body_within_limit() {
-        let b = read_body(body(&[b"{\"a\":", b"1}"], Then::End, None), 16, T).await;
+        let b = read_body(body(&[b"{\"a\":", b"1}"], Then::End, None), 16, T, &room()).await;
         assert_eq!(b.unwrap(), Bytes::from_static(b"{\"a\":1}"));
     }
 
@@ -581,15 +717,16 @@ mod tests {
             body(&[b"0123456789", b"0123456789"], Then::End, None),
             16,
             T,
+            &room(),
         )
         .await;
         assert_eq!(b.unwrap_err(), BodyError::TooLarge);
         // Declared up front: refused before reading (the body would stall).
-        let b = read_body(body(&[], Then::Stall, Some(17)), 16, T).await;
+        let b = read_body(body(&[], Then::Stall, Some(17)), 16, T, &room()).await;
         assert_eq!(b.unwrap_err(), BodyError::TooLarge);
         assert_eq!(BodyError::TooLarge.response().status(), 413);
         // A client gone mid-body is not "too large".
-        let b = read_body(body(&[b"0123"], Then::Fail, Some(10)), 16, T).await;
+        let b = read_body(body(&[b"0123"], Then::Fail, Some(10)), 16, T, &room()).await;
         let e = b.unwrap_err();
         assert!(matches!(e, BodyError::Aborted(_)), "{e:?}");
         assert_ne!(e.response().status(), 413);
@@ -598,7 +735,7 @@ mod tests {
     #[tokio::test]
     async fn a_slow_body_times_out_and_closes() {
         let slow = body(&[b"01"], Then::Stall, Some(10));
-        let b = read_body(slow, 16, Duration::from_millis(200)).await;
+        let b = read_body(slow, 16, Duration::from_millis(200), &room()).await;
         assert_eq!(b.unwrap_err(), BodyError::Timeout);
         let r = BodyError::Timeout.response();
         assert_eq!(r.status(), 408);

@@ -22,9 +22,10 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Method, Request};
+use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
+use serde_json::json;
 use serde_json::value::RawValue;
-use serde_json::{json, Value};
 
 use super::{
     error_response, is_json_content, plain, read_client_body, refusal, sse_response, Caller, Ctx,
@@ -183,37 +184,65 @@ struct Msg {
     peek: Peek,
 }
 
+/// The most members a batch may have (each becomes its own upstream POST).
+pub const MAX_BATCH: usize = 256;
+
 /// Parses a POST body: one message, or a batch. `Err` is the 400 answer.
+///
+/// Nothing is built but the routing fields: members are borrowed, then kept as slices of the
+/// body; nesting deeper than [`jsonrpc::MAX_DEPTH`] is refused before any parse.
 fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
     let parse_error = || Box::new(error_response(&Error::Parse, None));
-    let first = body.iter().find(|b| !b.is_ascii_whitespace());
-    let (raws, batch): (Vec<Bytes>, bool) = if first == Some(&b'[') {
-        let items: Vec<Box<RawValue>> = serde_json::from_slice(body).map_err(|_| parse_error())?;
-        if items.is_empty() {
-            return Err(Box::new(invalid(None, "invalid_request", "empty batch")));
-        }
-        let raws = items
-            .iter()
-            .map(|r| Bytes::copy_from_slice(r.get().as_bytes()))
-            .collect();
-        (raws, true)
-    } else {
-        serde_json::from_slice::<&RawValue>(body).map_err(|_| parse_error())?;
-        (vec![body.clone()], false)
-    };
-    let mut msgs = Vec::with_capacity(raws.len());
-    for bytes in raws {
-        let valid = jsonrpc::peek(&bytes).filter(|p| p.method.is_some() || p.is_response);
-        let Some(peek) = valid else {
-            return Err(Box::new(invalid(
-                None,
-                "invalid_request",
-                "not a JSON-RPC request, notification or response",
-            )));
-        };
-        msgs.push(Msg { bytes, peek });
+    if jsonrpc::too_deep(body, jsonrpc::MAX_DEPTH) {
+        return Err(Box::new(invalid(
+            None,
+            "invalid_request",
+            format!("JSON nested deeper than {} levels", jsonrpc::MAX_DEPTH),
+        )));
     }
-    Ok((msgs, batch))
+    let raw = serde_json::from_slice::<&RawValue>(body).map_err(|_| parse_error())?;
+    let not_rpc = || {
+        Box::new(invalid(
+            None,
+            "invalid_request",
+            "not a JSON-RPC request, notification or response",
+        ))
+    };
+    let one = |r: &RawValue| {
+        let bytes = body.slice_ref(r.get().as_bytes());
+        let peek = jsonrpc::peek(&bytes).filter(|p| p.method.is_some() || p.is_response)?;
+        Some(Msg { bytes, peek })
+    };
+    if !raw.get().starts_with('[') {
+        return Ok((vec![one(raw).ok_or_else(not_rpc)?], false));
+    }
+    // Member by member: the first that is not a message, or one past the limit, stops the
+    // collection (the rest is only scanned).
+    let (mut msgs, mut members, mut bad) = (Vec::new(), 0usize, false);
+    let _ = jsonrpc::for_each_item(raw, |r| {
+        members += 1;
+        if bad || members > MAX_BATCH {
+            return;
+        }
+        match one(r) {
+            Some(m) => msgs.push(m),
+            None => bad = true,
+        }
+    });
+    if members == 0 {
+        return Err(Box::new(invalid(None, "invalid_request", "empty batch")));
+    }
+    if members > MAX_BATCH {
+        return Err(Box::new(invalid(
+            None,
+            "invalid_request",
+            format!("a batch may hold at most {MAX_BATCH} messages"),
+        )));
+    }
+    if bad {
+        return Err(not_rpc());
+    }
+    Ok((msgs, true))
 }
 
 async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
@@ -248,9 +277,17 @@ async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     } else {
         None
     };
-    let body = match read_client_body(ctx, req.into_body()).await {
-        Ok(b) => b,
-        Err(r) => return *r,
+    let body = match req.into_body() {
+        Either::Left(unread) => match read_client_body(ctx, unread).await {
+            Ok(b) => b,
+            Err(r) => return *r,
+        },
+        // Read by the era selection (and already in the body budget).
+        Either::Right(read) => read
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default(),
     };
     let (msgs, batch) = match parse_body(&body) {
         Ok(x) => x,
@@ -310,9 +347,24 @@ async fn initialize(
     msg: Msg,
     header_version: Option<String>,
 ) -> Resp {
-    let requested = serde_json::from_slice::<Value>(&msg.bytes)
+    #[derive(serde::Deserialize)]
+    struct Init<'a> {
+        #[serde(borrow, default)]
+        params: Option<&'a RawValue>,
+    }
+    #[derive(serde::Deserialize)]
+    struct InitParams<'a> {
+        #[serde(borrow, default, rename = "protocolVersion")]
+        protocol_version: Option<&'a RawValue>,
+    }
+    // Borrowed members, not a tree: only the version is read.
+    let requested = serde_json::from_slice::<Init<'_>>(&msg.bytes)
         .ok()
-        .and_then(|v| v["params"]["protocolVersion"].as_str().map(str::to_string));
+        .and_then(|m| m.params)
+        .filter(|p| jsonrpc::is_object(p))
+        .and_then(|p| serde_json::from_str::<InitParams<'_>>(p.get()).ok())
+        .and_then(|p| p.protocol_version)
+        .and_then(jsonrpc::string);
     let Some(requested) = requested else {
         return error_response(
             &Error::InvalidParams {

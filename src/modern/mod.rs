@@ -33,6 +33,7 @@ use http::{header, HeaderMap, HeaderValue, Request};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
 
@@ -89,6 +90,8 @@ impl Default for ModernConfig {
 
 /// Methods whose requests may carry MRTR rounds (and lease an upstream session exclusively).
 const MRTR_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
+/// The most resource URIs one `subscriptions/listen` subscribes to (the rest are not honoured).
+const MAX_SUBSCRIPTIONS: usize = 256;
 /// Methods whose results are `CacheableResult`s.
 const CACHEABLE: [&str; 5] = [
     "tools/list",
@@ -240,27 +243,19 @@ pub async fn select(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> 
         Ok(b) => b,
         Err(r) => return Era::Modern(*r),
     };
-    let parsed = serde_json::from_slice::<Value>(&body);
-    let claims = parsed.as_ref().ok().is_some_and(|v| {
-        v.pointer("/params/_meta")
-            .and_then(|m| m.get(wire::META_VERSION))
-            .is_some()
-    });
+    // A scan of borrowed members, not a tree: the era is chosen before anything is built.
+    let probed = wire::probe(&body);
     // Without a claim only the modern version's header makes a request modern; an unknown
     // version without one gets the sessionful face's own 400 (which lists what it serves).
-    if !claims && hv.as_deref() != Some(MODERN_VERSION) {
+    if !probed.claims && hv.as_deref() != Some(MODERN_VERSION) {
         return Era::Legacy(Request::from_parts(parts, Either::Right(Full::new(body))));
     }
     if let Some(r) = wire::media_refusal(&parts.headers) {
-        let id = parsed
-            .ok()
-            .and_then(|v| v.get("id").cloned())
-            .unwrap_or(Value::Null);
-        return Era::Modern(refusal_resp(&id, r));
+        return Era::Modern(refusal_resp(&probed.id.unwrap_or(Value::Null), r));
     }
     Era::Modern(
         ctx.modern
-            .post(caller, &parts.headers, hv.as_deref(), parsed)
+            .post(caller, &parts.headers, hv.as_deref(), &body)
             .await,
     )
 }
@@ -345,7 +340,11 @@ fn map_response(msg: &Value, inb: &Inbound, server_info: Option<&Value>, ttl_ms:
     let message = e["message"].as_str().unwrap_or("upstream error");
     if code == -32002 {
         // 2026-07-28 retired -32002 (resource not found) for -32602 with the URI.
-        let uri = inb.params.get("uri").cloned().unwrap_or(Value::Null);
+        let uri = inb
+            .fields()
+            .uri
+            .and_then(crate::jsonrpc::scalar)
+            .unwrap_or(Value::Null);
         return error_msg(&inb.id, -32602, message, Some(json!({"uri": uri})));
     }
     error_msg(&inb.id, code, message, e.get("data").cloned())
@@ -414,14 +413,14 @@ impl Modern {
         caller: &Caller,
         h: &HeaderMap,
         header_version: Option<&str>,
-        body: Result<Value, serde_json::Error>,
+        body: &Bytes,
     ) -> Resp {
         let inb = match wire::validate(h, header_version, body) {
             Ok(wire::Checked::Request(inb)) => inb,
-            Ok(wire::Checked::Notification { method, params }) => {
+            Ok(wire::Checked::Notification { method, request_id }) => {
                 if method == "notifications/cancelled" {
-                    if let Some(rid) = params.get("requestId") {
-                        self.hub.close(caller.identity.as_ref(), rid);
+                    if let Some(rid) = request_id {
+                        self.hub.close(caller.identity.as_ref(), &rid);
                     }
                 }
                 return crate::facade::plain(202, "text/plain", Bytes::new());
@@ -469,11 +468,8 @@ impl Modern {
     }
 
     fn task_method(self: &Arc<Self>, inb: &Inbound) -> Resp {
-        let id = inb
-            .params
-            .get("taskId")
-            .and_then(Value::as_str)
-            .unwrap_or("");
+        let id = inb.string(|f| f.task_id).unwrap_or_default();
+        let id = id.as_str();
         let who = inb.identity.as_ref();
         let not_found = || {
             rpc_error(
@@ -495,11 +491,9 @@ impl Modern {
             },
             "tasks/update" => {
                 let responses = inb
-                    .params
-                    .get("inputResponses")
-                    .and_then(Value::as_object)
-                    .cloned()
-                    .unwrap_or_default();
+                    .responses()
+                    .flatten()
+                    .unwrap_or_else(|| mrtr::Responses::new(Bytes::from_static(b"{}")));
                 if self.tasks.update(who, id, responses) {
                     ack()
                 } else {
@@ -519,17 +513,18 @@ impl Modern {
     /// Forwards a request upstream (or continues a parked one) and answers it.
     async fn forward(self: &Arc<Self>, inb: Inbound) -> Resp {
         let mrtr_ok = MRTR_METHODS.contains(&inb.method.as_str());
-        let binding = Binding::of(&inb.method, &inb.params);
-        let retry = inb.params.get("requestState").cloned();
+        let binding = Binding::of(&inb.method, inb.params());
+        let retry = inb.fields().request_state.map(crate::jsonrpc::string);
         let (call, next_key) = match retry {
             Some(state) => {
-                let Some(state) = state.as_str().filter(|_| mrtr_ok) else {
+                let Some(state) = state.filter(|_| mrtr_ok) else {
                     return rpc_error(200, &inb.id, -32602, "Invalid params: requestState", None);
                 };
-                let responses = match inb.params.get("inputResponses") {
-                    None => Map::new(),
-                    Some(Value::Object(m)) => m.clone(),
-                    Some(_) => {
+                let state = state.as_str();
+                let responses = match inb.responses() {
+                    None => mrtr::Responses::new(Bytes::from_static(b"{}")),
+                    Some(Some(r)) => r,
+                    Some(None) => {
                         return rpc_error(
                             200,
                             &inb.id,
@@ -546,12 +541,8 @@ impl Modern {
                 let mut waiting = Vec::new();
                 for p in parked.pending {
                     match responses.get(&p.key) {
-                        Some(r) if r.is_object() => {
-                            parked
-                                .call
-                                .session()
-                                .answer(&p.upstream_id, Ok(r.clone()))
-                                .await;
+                        Some(r) => {
+                            parked.call.session().answer_raw(&p.upstream_id, r).await;
                         }
                         // Missing (or not a result object): ask again.
                         _ => waiting.push(p),
@@ -569,9 +560,8 @@ impl Modern {
                     Ok(c) => c,
                     Err(e) => return upstream_unavailable(&inb.id, &e),
                 };
-                let msg = json!({"jsonrpc": "2.0", "id": call.upstream_id, "method": inb.method,
-                    "params": upstream_params(&inb.params, call.upstream_id, mrtr_ok)});
-                if let Err(e) = call.session().post(&msg).await {
+                let msg = upstream_request(&inb.method, inb.params(), call.upstream_id, mrtr_ok);
+                if let Err(e) = call.session().post_bytes(msg).await {
                     call.finish();
                     return upstream_unavailable(&inb.id, &e);
                 }
@@ -733,8 +723,8 @@ impl Modern {
                     }
                 },
                 _ = async { tokio::time::sleep_until(task_at.expect("guarded")).await }, if task_at.is_some() => {
-                    let tool = inb.params.get("name").and_then(Value::as_str).unwrap_or("");
-                    match self.tasks.begin(inb.identity, tool).await {
+                    let tool = inb.string(|f| f.name).unwrap_or_default();
+                    match self.tasks.begin(inb.identity, &tool).await {
                         Ok(t) => {
                             let r = self.tasks.start(t, call, server_info.clone());
                             return Ended::Answer(result_msg(&inb.id, r));
@@ -773,12 +763,8 @@ impl Modern {
     }
 
     async fn listen(self: &Arc<Self>, inb: &Inbound) -> Resp {
-        let want = inb
-            .params
-            .get("notifications")
-            .cloned()
-            .unwrap_or_else(|| json!({}));
-        let task_ids = want.get("taskIds").and_then(Value::as_array);
+        let want = inb.wanted();
+        let task_ids = want.task_ids.filter(|r| r.get().starts_with('['));
         if task_ids.is_some() && !inb.tasks {
             return refusal_resp(&inb.id, Refusal::missing_tasks());
         }
@@ -789,30 +775,40 @@ impl Modern {
         let init = lease.session.init.get().cloned().unwrap_or_default();
         // List changes are honoured whenever asked for: the proxy relays whatever the upstream
         // sends, and some upstreams send them without declaring `listChanged` (FastMCP 1.x).
-        let on = |k: &str| want.get(k).and_then(Value::as_bool) == Some(true);
+        let on = |k: Option<&RawValue>| k.is_some_and(|v| v.get() == "true");
         let filter = Filter {
-            tools: on("toolsListChanged"),
-            prompts: on("promptsListChanged"),
-            resources: on("resourcesListChanged"),
+            tools: on(want.tools),
+            prompts: on(want.prompts),
+            resources: on(want.resources),
             resource_uris: Vec::new(),
             task_ids: task_ids.map(|ids| {
-                ids.iter()
-                    .filter_map(Value::as_str)
-                    .filter(|id| self.tasks.exists(inb.identity.as_ref(), id))
-                    .map(str::to_string)
-                    .collect()
+                let mut known = std::collections::HashSet::new();
+                let _ = crate::jsonrpc::for_each_item(ids, |id| {
+                    if let Some(id) = crate::jsonrpc::string(id) {
+                        if self.tasks.exists(inb.identity.as_ref(), &id) {
+                            known.insert(id);
+                        }
+                    }
+                });
+                known
             }),
         };
         let mut filter = filter;
         // Resource subscriptions: honoured when the upstream supports them, subscribed on the
         // upstream session this listen pins (and unsubscribed when it ends).
         if init.pointer("/capabilities/resources/subscribe") == Some(&json!(true)) {
-            let uris = want.get("resourceSubscriptions").and_then(Value::as_array);
-            for uri in uris.into_iter().flatten().filter_map(Value::as_str) {
-                if !filter.resource_uris.iter().any(|u| u == uri)
-                    && lease.session.subscribe(uri).await
-                {
-                    filter.resource_uris.push(uri.to_string());
+            // At most MAX_SUBSCRIPTIONS URIs are read (the ack lists those honoured).
+            let mut uris = Vec::new();
+            if let Some(raw) = want.resource_subscriptions {
+                let _ = crate::jsonrpc::for_each_item(raw, |uri| {
+                    if uris.len() < MAX_SUBSCRIPTIONS {
+                        uris.extend(crate::jsonrpc::string(uri));
+                    }
+                });
+            }
+            for uri in uris {
+                if !filter.resource_uris.contains(&uri) && lease.session.subscribe(&uri).await {
+                    filter.resource_uris.push(uri);
                 }
             }
         }
@@ -862,25 +858,73 @@ impl Modern {
     }
 }
 
-/// The params sent upstream: the 2026 envelope and MRTR fields removed, the progress token
-/// replaced by the upstream id (always set for calls that may become tasks or report status).
-fn upstream_params(params: &Map<String, Value>, upstream_id: u64, always_progress: bool) -> Value {
-    let mut p = params.clone();
-    p.remove("inputResponses");
-    p.remove("requestState");
-    let mut meta = p
-        .remove("_meta")
-        .and_then(|m| m.as_object().cloned())
-        .unwrap_or_default();
-    meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
-    let asked = meta.remove("progressToken").is_some();
+/// The request sent upstream for `method`: the client's params without the 2026 envelope and the
+/// MRTR fields, the progress token replaced by the upstream id (always set for calls that may
+/// become tasks or report status).
+///
+/// Written from the params' bytes member by member: what is forwarded is copied once, never
+/// built as a tree.
+fn upstream_request(
+    method: &str,
+    params: &RawValue,
+    upstream_id: u64,
+    always_progress: bool,
+) -> Bytes {
+    let mut out = String::with_capacity(params.get().len() + method.len() + 64);
+    out.push_str(r#"{"jsonrpc":"2.0","id":"#);
+    out.push_str(&upstream_id.to_string());
+    out.push_str(r#","method":"#);
+    out.push_str(&Value::from(method).to_string());
+    out.push_str(r#","params":"#);
+    upstream_params(&mut out, params, upstream_id, always_progress);
+    out.push('}');
+    Bytes::from(out)
+}
+
+/// [`upstream_request`]'s params, appended to `out`.
+fn upstream_params(out: &mut String, params: &RawValue, upstream_id: u64, always_progress: bool) {
+    let mut first = true;
+    let mut meta = None;
+    out.push('{');
+    let _ = crate::jsonrpc::for_each_member(params, |k, v| match k {
+        "inputResponses" | "requestState" => {}
+        "_meta" => meta = Some(v),
+        _ => member(out, &mut first, k, v.get()),
+    });
+    let (mut m, mut m_first, mut asked) = (String::new(), true, false);
+    if let Some(meta) = meta {
+        let _ = crate::jsonrpc::for_each_member(meta, |k, v| {
+            if k == "progressToken" {
+                asked = true;
+            } else if !k.starts_with("io.modelcontextprotocol/") {
+                member(&mut m, &mut m_first, k, v.get());
+            }
+        });
+    }
     if asked || always_progress {
-        meta.insert("progressToken".into(), json!(upstream_id));
+        member(
+            &mut m,
+            &mut m_first,
+            "progressToken",
+            &upstream_id.to_string(),
+        );
     }
-    if !meta.is_empty() {
-        p.insert("_meta".into(), Value::Object(meta));
+    if !m.is_empty() {
+        m.insert(0, '{');
+        m.push('}');
+        member(out, &mut first, "_meta", &m);
     }
-    Value::Object(p)
+    out.push('}');
+}
+
+/// Appends `"k":v` to an object being written.
+fn member(out: &mut String, first: &mut bool, k: &str, v: &str) {
+    if !std::mem::take(first) {
+        out.push(',');
+    }
+    out.push_str(&Value::from(k).to_string());
+    out.push(':');
+    out.push_str(v);
 }
 
 #[cfg(test)]
@@ -889,20 +933,26 @@ mod tests {
 
     #[test]
     fn upstream_params_drop_the_envelope() {
-        let p: Map<String, Value> = serde_json::from_value(json!({
-            "name": "x", "requestState": "s", "inputResponses": {},
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "progressToken": 7, "k": 1}
-        }))
-        .unwrap();
+        let sent = |p: &str, always: bool| -> Value {
+            let p: &RawValue = serde_json::from_str(p).unwrap();
+            serde_json::from_slice(&upstream_request("tools/call", p, 3, always)).unwrap()
+        };
+        let p = r#"{"name": "x", "requestState": "s", "inputResponses": {},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "progressToken": 7, "k": 1}}"#;
         assert_eq!(
-            upstream_params(&p, 3, false),
-            json!({"name": "x", "_meta": {"k": 1, "progressToken": 3}})
+            sent(p, false),
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": {"name": "x", "_meta": {"k": 1, "progressToken": 3}}})
         );
-        let p: Map<String, Value> = serde_json::from_value(json!({"_meta": {}})).unwrap();
-        assert_eq!(upstream_params(&p, 3, false), json!({}));
+        assert_eq!(sent(r#"{"_meta": {}}"#, false)["params"], json!({}));
         assert_eq!(
-            upstream_params(&p, 3, true),
+            sent(r#"{"_meta": {}}"#, true)["params"],
             json!({"_meta": {"progressToken": 3}})
+        );
+        // A `_meta` that is not an object is dropped (as before).
+        assert_eq!(
+            sent(r#"{"a": [1, {"b": 2}], "_meta": 5}"#, false)["params"],
+            json!({"a": [1, {"b": 2}]})
         );
     }
 

@@ -20,8 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use bytes::Bytes;
 use ring::hmac;
-use serde_json::{json, Map, Value};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::pool::UpCall;
@@ -75,23 +77,72 @@ pub struct Binding {
     pub digest: String,
 }
 
+/// A params member up to this size is digested in canonical form (parsed: whitespace and key
+/// order do not matter); a larger one as sent, so no tree of a big argument is ever built.
+const CANONICAL_BYTES: usize = 64 * 1024;
+
 impl Binding {
     /// The binding of a request: its method and the digest of its params without the envelope
     /// and the MRTR fields.
-    pub fn of(method: &str, params: &Map<String, Value>) -> Self {
-        let mut p = params.clone();
-        for k in ["_meta", "inputResponses", "requestState"] {
-            p.remove(k);
-        }
-        // serde_json's map is ordered by key: the same params give the same bytes.
-        let d = ring::digest::digest(
-            &ring::digest::SHA256,
-            Value::Object(p).to_string().as_bytes(),
-        );
+    ///
+    /// The digest does not depend on the order of the params' members: each member is digested on
+    /// its own and the digests are added (mod 2²⁵⁶). Nothing is cloned or built but members of at
+    /// most [`CANONICAL_BYTES`].
+    pub fn of(method: &str, params: &RawValue) -> Self {
+        let mut sum = [0u8; 32];
+        let _ = crate::jsonrpc::for_each_member(params, |k, v| {
+            if matches!(k, "_meta" | "inputResponses" | "requestState") {
+                return;
+            }
+            let mut d = ring::digest::Context::new(&ring::digest::SHA256);
+            d.update(k.as_bytes());
+            d.update(&[0]);
+            let canonical = (v.get().len() <= CANONICAL_BYTES)
+                .then(|| serde_json::from_str::<Value>(v.get()).ok())
+                .flatten();
+            match canonical {
+                Some(c) => d.update(c.to_string().as_bytes()),
+                None => d.update(v.get().as_bytes()),
+            }
+            add(&mut sum, d.finish().as_ref());
+        });
         Self {
             method: method.to_string(),
-            digest: hex(d.as_ref()),
+            digest: hex(&sum),
         }
+    }
+}
+
+/// `sum += x` as 256-bit big-endian numbers, wrapping.
+fn add(sum: &mut [u8; 32], x: &[u8]) {
+    let mut carry = 0u16;
+    for (s, b) in sum.iter_mut().zip(x).rev() {
+        let t = u16::from(*s) + u16::from(*b) + carry;
+        *s = t as u8;
+        carry = t >> 8;
+    }
+}
+
+/// A request's `inputResponses`: the object's bytes as sent, read member by member (never built).
+#[derive(Debug, Clone)]
+pub struct Responses(Bytes);
+
+impl Responses {
+    /// Over the bytes of a JSON object.
+    pub fn new(raw: Bytes) -> Self {
+        Self(raw)
+    }
+
+    /// The response for `key`, when it is a result object (the last one, if repeated).
+    pub fn get(&self, key: &str) -> Option<&RawValue> {
+        let raw: &RawValue = serde_json::from_slice(&self.0).ok()?;
+        let mut hit = None;
+        let _ = crate::jsonrpc::for_each_member(raw, |k, v| {
+            if k == key {
+                hit = Some(v);
+            }
+        });
+        hit.filter(|v| crate::jsonrpc::is_object(v))
     }
 }
 
@@ -284,17 +335,27 @@ mod tests {
 
     #[test]
     fn bindings_ignore_mrtr_fields() {
-        let a: Map<String, Value> =
-            serde_json::from_value(json!({"name": "x", "arguments": {"a": 1}, "_meta": {"k": 1}}))
-                .unwrap();
-        let b: Map<String, Value> = serde_json::from_value(
-            json!({"arguments": {"a": 1}, "name": "x", "requestState": "s", "inputResponses": {}}),
-        )
-        .unwrap();
-        assert_eq!(Binding::of("tools/call", &a), Binding::of("tools/call", &b));
-        let c: Map<String, Value> =
-            serde_json::from_value(json!({"name": "x", "arguments": {"a": 2}})).unwrap();
-        assert_ne!(Binding::of("tools/call", &a), Binding::of("tools/call", &c));
+        let raw = |s: &'static str| -> &'static RawValue { serde_json::from_str(s).unwrap() };
+        let a = raw(r#"{"name": "x", "arguments": {"a": 1, "b": 2}, "_meta": {"k": 1}}"#);
+        let b =
+            raw(r#"{"arguments":{"b":2,"a":1},"name":"x","requestState":"s","inputResponses":{}}"#);
+        assert_eq!(Binding::of("tools/call", a), Binding::of("tools/call", b));
+        let c = raw(r#"{"name": "x", "arguments": {"a": 2, "b": 2}}"#);
+        assert_ne!(Binding::of("tools/call", a), Binding::of("tools/call", c));
+        // Members are not interchangeable.
+        let d = raw(r#"{"name": {"a": 1, "b": 2}, "arguments": "x"}"#);
+        assert_ne!(Binding::of("tools/call", a), Binding::of("tools/call", d));
+        assert_ne!(Binding::of("tools/call", a), Binding::of("prompts/get", a));
+    }
+
+    #[test]
+    fn responses_are_read_in_place() {
+        let r = Responses::new(Bytes::from_static(
+            br#"{"input-1": {"a": 1}, "input-2": 3}"#,
+        ));
+        assert_eq!(r.get("input-1").unwrap().get(), r#"{"a": 1}"#);
+        assert!(r.get("input-2").is_none());
+        assert!(r.get("input-3").is_none());
     }
 
     #[test]

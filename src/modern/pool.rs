@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use prometheus::IntGauge;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
@@ -176,6 +177,14 @@ impl UpSession {
         self.link.post(Bytes::from(msg.to_string())).await
     }
 
+    /// Posts one message upstream, already serialised.
+    ///
+    /// # Errors
+    /// As [`UpstreamLink::post`].
+    pub async fn post_bytes(&self, msg: Bytes) -> Result<()> {
+        self.link.post(msg).await
+    }
+
     /// Sends a request of the proxy's own and waits (at most `limit`) for its response.
     ///
     /// # Errors
@@ -269,6 +278,15 @@ impl UpSession {
             Err(error) => json!({"jsonrpc": "2.0", "id": id, "error": error}),
         };
         if let Err(e) = self.post(&msg).await {
+            tracing::warn!(upstream = self.n, error = %e, "answering an upstream request failed");
+        }
+    }
+
+    /// Answers the upstream's request `id` with a result passed through as sent (a client's
+    /// `inputResponses` member: never parsed into a tree).
+    pub async fn answer_raw(&self, id: &Value, result: &RawValue) {
+        let msg = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#, result.get());
+        if let Err(e) = self.post_bytes(Bytes::from(msg)).await {
             tracing::warn!(upstream = self.n, error = %e, "answering an upstream request failed");
         }
     }

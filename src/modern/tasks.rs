@@ -34,7 +34,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::listen::Hub;
-use super::mrtr::{self, Pending};
+use super::mrtr::{self, Pending, Responses};
 use super::pool::{UpCall, UpMsg};
 use crate::domain::{EndReason, Facade};
 use crate::error::{Error, Result, StoreError};
@@ -116,7 +116,7 @@ pub fn iso(ms: u64) -> String {
 }
 
 enum Ctl {
-    Update(Map<String, Value>),
+    Update(Responses),
     Cancel,
 }
 
@@ -363,7 +363,7 @@ impl Tasks {
                         let answered: Vec<Pending> = {
                             let mut v = live.view.lock().unwrap_or_else(|e| e.into_inner());
                             let (hit, keep): (Vec<_>, Vec<_>) = v.inputs.drain(..).partition(|p| {
-                                responses.get(&p.key).is_some_and(Value::is_object)
+                                responses.get(&p.key).is_some()
                             });
                             v.inputs = keep;
                             hit
@@ -372,7 +372,9 @@ impl Tasks {
                             continue;
                         }
                         for p in &answered {
-                            call.session().answer(&p.upstream_id, Ok(responses[&p.key].clone())).await;
+                            if let Some(r) = responses.get(&p.key) {
+                                call.session().answer_raw(&p.upstream_id, r).await;
+                            }
                         }
                         self.changed(&id, &live, |v| {
                             if v.inputs.is_empty() {
@@ -536,12 +538,7 @@ impl Tasks {
     }
 
     /// `tasks/update`: forwards the responses to outstanding input requests. `false`: no such task.
-    pub fn update(
-        &self,
-        caller: Option<&Identity>,
-        id: &str,
-        responses: Map<String, Value>,
-    ) -> bool {
+    pub fn update(&self, caller: Option<&Identity>, id: &str, responses: Responses) -> bool {
         let Some(sl) = self.find(caller, id) else {
             return false;
         };

@@ -10,8 +10,12 @@
 //! needs (400 `-32021`). Notification POSTs are exempt from the header checks and answered 202.
 //! `Mcp-Param-*` headers are not checked: a legacy upstream's tools declare no `x-mcp-header`.
 
-use serde_json::{json, Map, Value};
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
 
+use super::mrtr::Responses;
 use super::pool::PoolKey;
 use super::{level_rank, MODERN_VERSION, SERVED_VERSIONS, TASKS_EXT};
 use crate::identity::Identity;
@@ -80,6 +84,132 @@ impl Refusal {
     }
 }
 
+/// The most bytes `_meta`'s client capabilities may take (they are parsed and kept in the pool
+/// key; real ones are well under a kilobyte).
+pub const MAX_CAPS_BYTES: usize = 64 * 1024;
+
+/// A modern POST's body, its members borrowed (nothing else is read).
+#[derive(Deserialize)]
+struct RawMsg<'a> {
+    #[serde(borrow, default)]
+    jsonrpc: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    method: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+}
+
+/// The params members the face reads, borrowed; the others are only forwarded.
+#[derive(Debug, Default, Deserialize)]
+pub struct Fields<'a> {
+    /// `_meta`.
+    #[serde(borrow, default, rename = "_meta")]
+    pub meta: Option<&'a RawValue>,
+    /// `name` (`tools/call`, `prompts/get`).
+    #[serde(borrow, default)]
+    pub name: Option<&'a RawValue>,
+    /// `uri` (`resources/read`).
+    #[serde(borrow, default)]
+    pub uri: Option<&'a RawValue>,
+    /// `taskId` (`tasks/*`).
+    #[serde(borrow, default, rename = "taskId")]
+    pub task_id: Option<&'a RawValue>,
+    /// `requestState` (an MRTR retry).
+    #[serde(borrow, default, rename = "requestState")]
+    pub request_state: Option<&'a RawValue>,
+    /// `inputResponses` (an MRTR retry, `tasks/update`).
+    #[serde(borrow, default, rename = "inputResponses")]
+    pub input_responses: Option<&'a RawValue>,
+    /// `notifications` (`subscriptions/listen`).
+    #[serde(borrow, default)]
+    pub notifications: Option<&'a RawValue>,
+    /// `requestId` (`notifications/cancelled`).
+    #[serde(borrow, default, rename = "requestId")]
+    pub request_id: Option<&'a RawValue>,
+}
+
+/// `subscriptions/listen`'s `params.notifications`, borrowed.
+#[derive(Default, Deserialize)]
+pub struct Wanted<'a> {
+    /// `toolsListChanged`.
+    #[serde(borrow, default, rename = "toolsListChanged")]
+    pub tools: Option<&'a RawValue>,
+    /// `promptsListChanged`.
+    #[serde(borrow, default, rename = "promptsListChanged")]
+    pub prompts: Option<&'a RawValue>,
+    /// `resourcesListChanged`.
+    #[serde(borrow, default, rename = "resourcesListChanged")]
+    pub resources: Option<&'a RawValue>,
+    /// `taskIds`.
+    #[serde(borrow, default, rename = "taskIds")]
+    pub task_ids: Option<&'a RawValue>,
+    /// `resourceSubscriptions`.
+    #[serde(borrow, default, rename = "resourceSubscriptions")]
+    pub resource_subscriptions: Option<&'a RawValue>,
+}
+
+/// The `_meta` members the face reads.
+#[derive(Default, Deserialize)]
+struct Envelope<'a> {
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/protocolVersion")]
+    version: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/clientCapabilities")]
+    caps: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "io.modelcontextprotocol/logLevel")]
+    log_level: Option<&'a RawValue>,
+    #[serde(borrow, default, rename = "progressToken")]
+    progress: Option<&'a RawValue>,
+}
+
+/// Just enough of a body to choose its era: `id` and whether `params._meta` claims a version.
+#[derive(Deserialize)]
+struct Probe<'a> {
+    #[serde(borrow, default)]
+    id: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    params: Option<&'a RawValue>,
+}
+
+/// What [`probe`] learns of a body.
+#[derive(Debug, Default)]
+pub struct Probed {
+    /// `params._meta` claims a protocol version.
+    pub claims: bool,
+    /// The `id` (a string or number), for an early refusal.
+    pub id: Option<Value>,
+}
+
+/// Reads the era claim and id of a body without building it: a scan of borrowed members, which
+/// allocates nothing for the bulk of the body.
+pub fn probe(body: &[u8]) -> Probed {
+    if crate::jsonrpc::too_deep(body, crate::jsonrpc::MAX_DEPTH) {
+        return Probed::default();
+    }
+    let Some(p) = object::<Probe<'_>>(body) else {
+        return Probed::default();
+    };
+    let claims = p
+        .params
+        .and_then(|raw| object::<Fields<'_>>(raw.get().as_bytes()))
+        .and_then(|f| f.meta)
+        .and_then(|raw| object::<Envelope<'_>>(raw.get().as_bytes()))
+        .is_some_and(|e| e.version.is_some());
+    Probed {
+        claims,
+        id: p.id.and_then(crate::jsonrpc::scalar),
+    }
+}
+
+/// `bytes` as `T` when they are a JSON object (serde would also read a struct from an array).
+fn object<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Option<T> {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace())?;
+    (*first == b'{')
+        .then(|| serde_json::from_slice(bytes).ok())
+        .flatten()
+}
+
 /// A validated modern request.
 #[derive(Debug, Clone)]
 pub struct Inbound {
@@ -87,8 +217,8 @@ pub struct Inbound {
     pub id: Value,
     /// Its method.
     pub method: String,
-    /// Its params (envelope included).
-    pub params: Map<String, Value>,
+    /// Its params (envelope included) as sent: a slice of the body (`{}` when it had none).
+    params: Bytes,
     /// The declared client capabilities.
     pub caps: Value,
     /// `logLevel` as a rank (debug = 0), when the request opted in to log messages.
@@ -110,6 +240,45 @@ impl Inbound {
         self.key = PoolKey::new(identity, &self.caps);
         self
     }
+
+    /// The params, borrowed (validated: always a JSON object).
+    pub fn params(&self) -> &RawValue {
+        serde_json::from_slice(&self.params).unwrap_or_else(|_| empty_object())
+    }
+
+    /// The params members the face reads, borrowed.
+    pub fn fields(&self) -> Fields<'_> {
+        serde_json::from_slice(&self.params).unwrap_or_default()
+    }
+
+    /// `inputResponses`: `None` when absent, `Some(None)` when not an object.
+    pub fn responses(&self) -> Option<Option<Responses>> {
+        let raw = self.fields().input_responses?;
+        Some(
+            crate::jsonrpc::is_object(raw)
+                .then(|| Responses::new(self.params.slice_ref(raw.get().as_bytes()))),
+        )
+    }
+
+    /// `subscriptions/listen`'s `notifications` (all absent when it is not an object).
+    pub fn wanted(&self) -> Wanted<'_> {
+        self.fields()
+            .notifications
+            .and_then(|raw| object(raw.get().as_bytes()))
+            .unwrap_or_default()
+    }
+
+    /// A params member that is a string (`name`, `uri`, `taskId`, …).
+    pub fn string<'a>(
+        &'a self,
+        pick: impl FnOnce(&Fields<'a>) -> Option<&'a RawValue>,
+    ) -> Option<String> {
+        pick(&self.fields()).and_then(crate::jsonrpc::string)
+    }
+}
+
+fn empty_object() -> &'static RawValue {
+    serde_json::from_str("{}").expect("JSON")
 }
 
 /// What a valid modern POST carries.
@@ -121,8 +290,8 @@ pub enum Checked {
     Notification {
         /// Its method.
         method: String,
-        /// Its params.
-        params: Value,
+        /// `params.requestId`, when a string or number.
+        request_id: Option<Value>,
     },
 }
 
@@ -209,32 +378,48 @@ pub fn media_refusal(h: &http::HeaderMap) -> Option<Refusal> {
 }
 
 /// Runs the ladder over a modern POST. `Err` carries the id to answer with and the refusal.
+///
+/// The body is never built as a tree: its members are read borrowed ([`RawMsg`], [`Fields`]),
+/// nesting deeper than [`crate::jsonrpc::MAX_DEPTH`] is refused before any parse, and the params
+/// stay the body's bytes.
 pub fn validate(
     h: &http::HeaderMap,
     header_version: Option<&str>,
-    body: Result<Value, serde_json::Error>,
+    body: &Bytes,
 ) -> Result<Checked, (Value, Refusal)> {
     let null = Value::Null;
-    let Ok(msg) = body else {
+    if crate::jsonrpc::too_deep(body, crate::jsonrpc::MAX_DEPTH) {
+        return Err((
+            null,
+            Refusal::new(
+                400,
+                -32600,
+                format!(
+                    "Invalid Request: JSON nested deeper than {} levels",
+                    crate::jsonrpc::MAX_DEPTH
+                ),
+            ),
+        ));
+    }
+    if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
         return Err((
             null,
             Refusal::new(400, -32700, "Parse error: body is not JSON"),
         ));
-    };
-    let Some(m) = msg.as_object() else {
+    }
+    let Some(m) = object::<RawMsg<'_>>(body) else {
         return Err((
             null,
-            Refusal::new(400, -32600, "Invalid Request: the body must be one JSON-RPC request or notification (no batches)"),
+            Refusal::new(400, -32600, "Invalid Request: the body must be one JSON-RPC request or notification (no batches, no repeated members)"),
         ));
     };
-    let id = m.get("id").cloned();
-    let id_ok = id
-        .as_ref()
-        .is_none_or(|i| i.is_string() || i.is_i64() || i.is_u64());
-    let method = m.get("method").and_then(Value::as_str);
-    let (Some(method), true, Some("2.0")) =
-        (method, id_ok, m.get("jsonrpc").and_then(Value::as_str))
-    else {
+    let id =
+        m.id.map(|i| crate::jsonrpc::scalar(i).filter(|v| !v.is_f64()));
+    let id_ok = id.as_ref().is_none_or(Option::is_some);
+    let id = id.map(|i| i.unwrap_or(Value::Null));
+    let method = m.method.and_then(crate::jsonrpc::string);
+    let jsonrpc = m.jsonrpc.and_then(crate::jsonrpc::string);
+    let (Some(method), true, Some("2.0")) = (method, id_ok, jsonrpc.as_deref()) else {
         return Err((
             id.filter(|_| id_ok).unwrap_or(Value::Null),
             Refusal::new(
@@ -244,35 +429,56 @@ pub fn validate(
             ),
         ));
     };
-    let params = match m.get("params") {
-        None => Map::new(),
-        Some(Value::Object(p)) => p.clone(),
-        Some(_) => {
-            return Err((
-                id.unwrap_or(Value::Null),
-                Refusal::new(400, -32602, "Invalid params: params must be an object"),
-            ))
-        }
+    let method = method.as_str();
+    let (params, fields) = match m.params {
+        None => (Bytes::from_static(b"{}"), Fields::default()),
+        Some(raw) => match object::<Fields<'_>>(raw.get().as_bytes()) {
+            Some(f) => (body.slice_ref(raw.get().as_bytes()), f),
+            None => {
+                return Err((
+                    id.unwrap_or(Value::Null),
+                    Refusal::new(
+                        400,
+                        -32602,
+                        "Invalid params: params must be an object (without repeated members)",
+                    ),
+                ))
+            }
+        },
     };
     let Some(id) = id else {
         // Notifications: no header or envelope requirements are defined for them.
         return Ok(Checked::Notification {
             method: method.to_string(),
-            params: Value::Object(params),
+            request_id: fields.request_id.and_then(crate::jsonrpc::scalar),
         });
     };
-    let meta = params.get("_meta").and_then(Value::as_object);
+    let meta = fields
+        .meta
+        .filter(|raw| crate::jsonrpc::is_object(raw))
+        .map(|raw| object::<Envelope<'_>>(raw.get().as_bytes()).unwrap_or_default());
     let claim = meta
-        .and_then(|m| m.get(META_VERSION))
-        .and_then(Value::as_str);
-    let caps = meta
-        .and_then(|m| m.get(META_CAPS))
-        .filter(|c| c.is_object())
-        .cloned();
-    if claim.is_none() && header_version.is_none_or(|v| v != MODERN_VERSION) {
-        // Modern only by a header that names no version this endpoint speaks.
-        return Err((id, unsupported(header_version.unwrap_or(""))));
+        .as_ref()
+        .and_then(|m| m.version)
+        .and_then(crate::jsonrpc::string);
+    let claim = claim.as_deref();
+    let caps_raw = meta
+        .as_ref()
+        .and_then(|m| m.caps)
+        .filter(|c| crate::jsonrpc::is_object(c));
+    if caps_raw.is_some_and(|c| c.get().len() > MAX_CAPS_BYTES) {
+        return Err((
+            id,
+            Refusal::new(
+                400,
+                -32602,
+                format!(
+                    "Invalid params: _meta clientCapabilities larger than {MAX_CAPS_BYTES} bytes"
+                ),
+            ),
+        ));
     }
+    let caps = caps_raw.and_then(|c| serde_json::from_str::<Value>(c.get()).ok());
     let missing: Vec<&str> = [(claim.is_none(), META_VERSION), (caps.is_none(), META_CAPS)]
         .iter()
         .filter(|(m, _)| *m)
@@ -345,7 +551,12 @@ pub fn validate(
         _ => None,
     };
     if let Some(p) = name_param {
-        let Some(want) = params.get(p).and_then(Value::as_str) else {
+        let raw = match p {
+            "name" => fields.name,
+            "uri" => fields.uri,
+            _ => fields.task_id,
+        };
+        let Some(want) = raw.and_then(crate::jsonrpc::string) else {
             return Err((
                 id,
                 Refusal::new(
@@ -362,7 +573,7 @@ pub fn validate(
                     Refusal::header("Header mismatch: the Mcp-Name header is required"),
                 ))
             }
-            Some(v) if v.as_deref() != Some(want) => {
+            Some(v) if v.as_deref() != Some(want.as_str()) => {
                 return Err((
                     id,
                     Refusal::header(format!(
@@ -382,13 +593,11 @@ pub fn validate(
     }
     let meta = meta.expect("checked");
     let log_level = meta
-        .get(META_LOG_LEVEL)
-        .and_then(Value::as_str)
+        .log_level
+        .and_then(crate::jsonrpc::string)
+        .as_deref()
         .and_then(level_rank);
-    let progress = meta
-        .get("progressToken")
-        .filter(|t| t.is_string() || t.is_number())
-        .cloned();
+    let progress = meta.progress.and_then(crate::jsonrpc::scalar);
     Ok(Checked::Request(Inbound {
         id,
         method: method.to_string(),
@@ -442,7 +651,7 @@ mod tests {
         let hv = h
             .get("mcp-protocol-version")
             .map(|v| v.to_str().unwrap().to_string());
-        validate(&h, hv.as_deref(), Ok(body))
+        validate(&h, hv.as_deref(), &Bytes::from(body.to_string()))
     }
 
     fn code(r: Result<Checked, (Value, Refusal)>) -> (u16, i64) {
@@ -516,6 +725,60 @@ mod tests {
             )),
             (400, -32600)
         );
+    }
+
+    #[test]
+    fn bodies_are_read_without_a_tree() {
+        let v = ("mcp-protocol-version", "2026-07-28");
+        let m = ("mcp-method", "tools/list");
+        let raw = |b: &str| {
+            let h = hdrs(&[v, m]);
+            validate(&h, Some("2026-07-28"), &Bytes::from(b.to_string()))
+        };
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"_meta":{{}},"x":{}{}}}}}"#,
+            "[".repeat(70),
+            "]".repeat(70)
+        );
+        let (_, r) = raw(&deep).unwrap_err();
+        assert_eq!((r.status, r.code), (400, -32600));
+        assert!(r.message.contains("nested deeper than 64"), "{}", r.message);
+        assert_eq!(code(raw("{\"jsonrpc\": ")), (400, -32700));
+        // A repeated member the face reads is ambiguous: refused.
+        let twice = r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/list"}"#;
+        assert_eq!(code(raw(twice)), (400, -32600));
+        // The params travel as sent: a slice of the body.
+        let body = r#"{"jsonrpc":"2.0","id":"a","method":"tools/list","params":{"cursor":"c1",
+            "_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities":{"sampling":{}},"progressToken":5}}}"#;
+        let Ok(Checked::Request(inb)) = raw(body) else {
+            panic!("valid")
+        };
+        assert_eq!(inb.id, json!("a"));
+        assert_eq!(inb.progress, Some(json!(5)));
+        assert_eq!(inb.caps, json!({"sampling": {}}));
+        assert!(inb.params().get().starts_with(r#"{"cursor":"c1""#));
+        // Capabilities are bounded: they are parsed and kept in the pool key.
+        let big = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{"x":"{}"}}}}}}}}"#,
+            "y".repeat(MAX_CAPS_BYTES)
+        );
+        assert_eq!(code(raw(&big)), (400, -32602));
+    }
+
+    #[test]
+    fn probes_see_the_claim_only() {
+        let p = probe(
+            br#"{"id":7,"params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"x"}}}"#,
+        );
+        assert!(p.claims);
+        assert_eq!(p.id, Some(json!(7)));
+        assert!(!probe(br#"{"id":7,"params":{"_meta":{}}}"#).claims);
+        assert!(
+            !probe(br#"[{"params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"x"}}}]"#)
+                .claims
+        );
+        assert!(!probe(b"not json").claims);
     }
 
     #[test]

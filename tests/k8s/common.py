@@ -92,7 +92,10 @@ KUBE_STATE_METRICS = {
 # The proxy's config: section -> keys, exactly, in the order of the proxy's config structs
 # (src/config.rs `Config` and the section structs it names; contract.py compares them).
 CONFIG_KEYS = {
-    "listen": ["addr", "max_connections", "body_timeout_secs", "allowed_origins", "allowed_hosts"],
+    "listen": [
+        "addr", "max_connections", "body_timeout_secs", "max_body_bytes_in_flight", "allowed_origins",
+        "allowed_hosts",
+    ],
     "admin": ["addr"],
     "upstream": [
         "sse_url", "post_timeout_secs", "connect_timeout_secs", "max_event_bytes", "request_timeout_secs",
@@ -124,6 +127,7 @@ CONFIG_DEFAULTS = {
         "addr": "127.0.0.1:8080",
         "max_connections": 10000,
         "body_timeout_secs": 30,
+        "max_body_bytes_in_flight": 67108864,
         "allowed_origins": [],
         "allowed_hosts": [],
     },

@@ -1,0 +1,254 @@
+//! Memory per request is bounded by a small factor of its size, whatever its shape (design.md
+//! §11b; issue 16, point 1): the proxy binary, on loopback, gets eight concurrent bodies of
+//! almost `MAX_BODY` (4 MiB) in each of the worst shapes for a JSON parser — deep nesting, huge
+//! arrays of tiny values (`[{},{},…]`, `[0,0,…]`), one long string, an object of many keys, a
+//! batch of empty members — on both eras (a 2026-07-28 request that passes the header checks, and
+//! a sessionless body for the sessionful face). Its peak RSS (`VmHWM`, reset between shapes through
+//! `/proc/<pid>/clear_refs`) must stay within 4× the bytes in flight plus a constant.
+//!
+//! The constant ([`SLACK`]) is what a burst of eight 4 MiB uploads costs besides the bodies
+//! themselves: hyper's read buffers (up to ~400 KiB per connection), the collected body's growth
+//! while it is read, the allocator's per-thread arenas holding freed chunks. It is a bound
+//! on time-independent overheads, not a tuning knob: the old parser (a `serde_json::Value` tree and
+//! three params clones) went past 1 GiB here.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A body just under the proxy's 4 MiB limit (`facade::MAX_BODY`).
+const BODY: usize = 4 * 1024 * 1024 - 4096;
+/// Bodies sent at once per shape.
+const CONCURRENT: usize = 8;
+/// Allowed above 4× the bytes in flight (see the module docs).
+const SLACK: u64 = 48 << 20;
+
+/// A `/proc/<pid>/status` field in bytes (`VmHWM`, `VmRSS`).
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// Resets the peak (`VmHWM`) to the current RSS (Linux ≥ 4.0).
+fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+}
+
+/// `inner` repeated to fill the body: `prefix` + items joined by `,` + `suffix`, `BODY` bytes.
+fn fill(prefix: &str, item: &str, sep: &str, suffix: &str) -> Vec<u8> {
+    let mut b = prefix.as_bytes().to_vec();
+    let mut first = true;
+    while b.len() + sep.len() + item.len() + suffix.len() <= BODY {
+        if !first {
+            b.extend_from_slice(sep.as_bytes());
+        }
+        b.extend_from_slice(item.as_bytes());
+        first = false;
+    }
+    b.extend_from_slice(suffix.as_bytes());
+    b
+}
+
+/// The worst shapes, each as a full body, with the name shown on failure.
+fn shapes() -> Vec<(&'static str, Vec<u8>)> {
+    // A 2026-07-28 tools/call whose `arguments` is the payload: it passes the whole validation
+    // ladder (and then finds no upstream).
+    let head = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}},"arguments":"#;
+    let modern = |item: &str, sep: &str, open: &str, close: &str| {
+        fill(&format!("{head}{open}"), item, sep, &format!("{close}}}}}"))
+    };
+    let depth = (BODY - head.len() - 8) / 2;
+    let deep = format!("{head}{}{}}}}}", "[".repeat(depth), "]".repeat(depth)).into_bytes();
+    let mut counter = 0u64;
+    let mut keys = head.as_bytes().to_vec();
+    keys.push(b'{');
+    while keys.len() + 24 < BODY {
+        if counter > 0 {
+            keys.push(b',');
+        }
+        keys.extend_from_slice(format!("\"{counter:x}\":0").as_bytes());
+        counter += 1;
+    }
+    keys.extend_from_slice(b"}}}");
+    let long = format!("{head}\"{}\"}}}}", "x".repeat(BODY - head.len() - 8)).into_bytes();
+    vec![
+        ("modern: deeply nested arrays", deep),
+        ("modern: [{},{},…]", modern("{}", ",", "[", "]")),
+        ("modern: [0,0,…]", modern("0", ",", "[", "]")),
+        ("modern: [[],[],…]", modern("[]", ",", "[", "]")),
+        ("modern: one long string", long),
+        ("modern: many keys", keys),
+        // Sessionless bodies without a 2026-07-28 claim go to the sessionful face.
+        ("sessionful: batch [{},{},…]", fill("[", "{}", ",", "]")),
+        (
+            "sessionful: initialize, params [0,0,…]",
+            fill(
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"x":["#,
+                "0",
+                ",",
+                "]}}",
+            ),
+        ),
+    ]
+}
+
+/// POSTs `body` to `/mcp` on its own connection and reads the whole answer; returns the status.
+async fn post_mcp(addr: SocketAddr, body: &[u8], modern: bool) -> u16 {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         accept: application/json, text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n",
+        body.len()
+    );
+    if modern {
+        head.push_str(
+            "mcp-protocol-version: 2026-07-28\r\nmcp-method: tools/call\r\nmcp-name: echo\r\n",
+        );
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).await.unwrap();
+    // Small writes: the proxy sees the body arrive as a client sends it. A refusal (503) closes
+    // the connection before the body is sent: its answer is read all the same.
+    for chunk in body.chunks(64 * 1024) {
+        if s.write_all(chunk).await.is_err() {
+            break;
+        }
+    }
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf);
+    text.strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP response: {:?}", &text[..text.len().min(200)]))
+}
+
+/// Starts the proxy binary with no reachable upstream and `extra` config lines.
+async fn proxy(dir: &std::path::Path, extra: &[(&str, &str)]) -> (ProxyProc, SocketAddr) {
+    let mut cfg = vec![("[modern]", "pool_wait_secs = 1")];
+    cfg.extend_from_slice(extra);
+    let p = ProxyProc::start("http://127.0.0.1:9/sse", &dir.join("data"), &cfg).await;
+    let addr = format!("127.0.0.1:{}", p.port).parse().unwrap();
+    (p, addr)
+}
+
+/// Sends `n` copies of `body` at once; returns the statuses and the peak RSS above the RSS
+/// before.
+async fn burst(
+    proxy: &ProxyProc,
+    addr: SocketAddr,
+    body: Vec<u8>,
+    n: usize,
+    modern: bool,
+) -> (Vec<u16>, u64, u64) {
+    let pid = proxy.proc.pid();
+    reset_peak(pid);
+    let base = status_kib(pid, "VmRSS");
+    let body = std::sync::Arc::new(body);
+    let mut sends = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let body = body.clone();
+        sends.spawn(async move { post_mcp(addr, &body, modern).await });
+    }
+    let statuses = sends.join_all().await;
+    (statuses, base, status_kib(pid, "VmHWM"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peak_rss_is_bounded_by_the_bodies_in_flight() {
+    let in_flight = (CONCURRENT * BODY) as u64;
+    let bound = 4 * in_flight + SLACK;
+    let mut report = Vec::new();
+    let mut over = Vec::new();
+    for (name, body) in shapes() {
+        assert!(body.len() <= BODY, "{name}: {} bytes", body.len());
+        let modern = name.starts_with("modern");
+        // A fresh proxy per shape: memory one shape freed but the allocator kept would hide the
+        // next one's peak. No upstream is reachable: every body is answered by the proxy itself.
+        let tmp = tempfile::tempdir().unwrap();
+        let (mut proxy, addr) = proxy(tmp.path(), &[]).await;
+        let (statuses, base, peak) = burst(&proxy, addr, body, CONCURRENT, modern).await;
+        proxy.proc.kill();
+        // Every body was answered (a refusal, or an upstream error): none was dropped.
+        assert!(
+            statuses.iter().all(|s| (200..500).contains(s)),
+            "{name}: {statuses:?}"
+        );
+        report.push(format!(
+            "{name}: peak {} MiB (base {} MiB, +{} MiB), status {}",
+            peak >> 20,
+            base >> 20,
+            peak.saturating_sub(base) >> 20,
+            statuses[0]
+        ));
+        if peak > base + bound {
+            over.push(name);
+        }
+    }
+    let report = report.join("\n");
+    eprintln!(
+        "bound: base + 4 × {} MiB + {} MiB\n{report}",
+        in_flight >> 20,
+        SLACK >> 20
+    );
+    assert!(over.is_empty(), "over the bound: {over:?}\n{report}");
+}
+
+/// `listen.max_body_bytes_in_flight` bounds the bodies held at once, whatever the connections:
+/// 24 concurrent 4 MiB bodies of the worst shape under an 8 MiB budget cost what two do; the
+/// others wait for room (or, past `listen.body_timeout_secs`, get 503), none is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_body_budget_bounds_memory_under_many_connections() {
+    const BUDGET: usize = 8 << 20;
+    const MANY: usize = 24;
+    let tmp = tempfile::tempdir().unwrap();
+    let budget = format!("max_body_bytes_in_flight = {BUDGET}");
+    let (mut proxy, addr) = proxy(
+        tmp.path(),
+        &[
+            ("[listen]", &budget),
+            ("[listen]", "body_timeout_secs = 120"),
+        ],
+    )
+    .await;
+    let (_, body) = shapes()
+        .into_iter()
+        .find(|(n, _)| *n == "modern: many keys")
+        .unwrap();
+    let (statuses, base, peak) = burst(&proxy, addr, body, MANY, true).await;
+    proxy.proc.kill();
+    eprintln!(
+        "{MANY} × 4 MiB under an {} MiB budget: peak {} MiB (base {} MiB, +{} MiB), statuses {statuses:?}",
+        BUDGET >> 20,
+        peak >> 20,
+        base >> 20,
+        peak.saturating_sub(base) >> 20
+    );
+    assert!(
+        statuses.iter().all(|s| *s == 200 || *s == 503),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&200), "some were served: {statuses:?}");
+    let bound = 4 * BUDGET as u64 + SLACK;
+    assert!(
+        peak <= base + bound,
+        "peak {} MiB over base {} MiB + {} MiB",
+        peak >> 20,
+        base >> 20,
+        bound >> 20
+    );
+}
