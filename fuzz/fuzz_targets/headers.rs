@@ -206,7 +206,7 @@ fn identity(h: &HeaderMap) {
     let keys = Keyring::for_tests();
     let cfg = AuthConfig {
         identity_headers: vec!["authorization".into(), "X-Api-Key".into()],
-        require_identity: false,
+        ..AuthConfig::default()
     };
     let id = keys.identity(&cfg, h, None);
     let has = h.contains_key("authorization") || h.contains_key("x-api-key");
