@@ -300,3 +300,218 @@ fn the_jwks_file_is_read_again_when_it_changes() {
     f.v.expire_check();
     assert!(f.v.verify(Some(&auth(&t_new))).is_ok());
 }
+
+// --- Adversarial review (branch jwt-adversary): each test below states what the verifier
+// must do; the ones that fail today are findings. ---
+
+/// An Ed25519 signer that can sign any header bytes (jsonwebtoken's `Header` cannot carry
+/// `crit` or other extension parameters).
+fn raw_ed25519() -> (signature::Ed25519KeyPair, serde_json::Value) {
+    let rng = SystemRandom::new();
+    let pkcs8 = signature::Ed25519KeyPair::generate_pkcs8(&rng).unwrap();
+    let pair = signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).unwrap();
+    let jwk = serde_json::json!({
+        "kty": "OKP", "crv": "Ed25519", "x": B64.encode(pair.public_key().as_ref()),
+    });
+    (pair, jwk)
+}
+
+fn raw_sign(
+    pair: &signature::Ed25519KeyPair,
+    header: &serde_json::Value,
+    claims: &serde_json::Value,
+) -> String {
+    let input = format!(
+        "{}.{}",
+        B64.encode(serde_json::to_vec(header).unwrap()),
+        B64.encode(serde_json::to_vec(claims).unwrap())
+    );
+    let sig = pair.sign(input.as_bytes());
+    format!("{input}.{}", B64.encode(sig.as_ref()))
+}
+
+/// Finding: withdrawing every key (an emergency revocation: the JWKS rewritten as an empty
+/// set) keeps the withdrawn keys in force. `{"keys":[]}` is a well-formed JWKS, not a broken
+/// file, yet `refresh` treats "no usable key" like a parse error and keeps the old keys, so a
+/// token signed with the compromised key is still accepted.
+#[test]
+fn adv_an_emptied_jwks_withdraws_the_old_keys() {
+    let old = ed25519(Some("old"));
+    let f = fixture(&[&old.jwk]);
+    let t = sign(&old, Some("old"), &claims());
+    assert!(f.v.verify(Some(&auth(&t))).is_ok());
+    write_jwks(&f.path, &[]);
+    f.v.expire_check();
+    let r = f.v.verify(Some(&auth(&t)));
+    assert!(
+        r.is_err(),
+        "a key withdrawn from the JWKS (now empty) still verifies tokens: {r:?}"
+    );
+}
+
+/// Finding: one key the `jsonwebtoken` JWK model does not know (here an `ES512` key, or an
+/// `X25519`/`secp256k1` one, common in real issuers' JWKS) makes the whole file "not a JWKS".
+/// On reload that is treated as a broken file: the rotation is ignored, the withdrawn key
+/// keeps verifying and the newly published key is refused. The unknown key should be
+/// skipped like the other unusable ones.
+#[test]
+fn adv_one_unknown_key_does_not_stop_a_rotation() {
+    let old = ed25519(Some("old"));
+    let new = ed25519(Some("new"));
+    let f = fixture(&[&old.jwk]);
+    let t_old = sign(&old, Some("old"), &claims());
+    let t_new = sign(&new, Some("new"), &claims());
+    // Another key the issuer also publishes: P-521 / ES512 (a valid JWK, just not one we use).
+    let es512 = serde_json::json!({
+        "kty": "EC", "crv": "P-521", "alg": "ES512", "kid": "p521",
+        "x": B64.encode([1u8; 66]), "y": B64.encode([2u8; 66]),
+    });
+    write_jwks(&f.path, &[&new.jwk, &es512]);
+    f.v.expire_check();
+    let r_old = f.v.verify(Some(&auth(&t_old)));
+    let r_new = f.v.verify(Some(&auth(&t_new)));
+    assert!(
+        r_old.is_err() && r_new.is_ok(),
+        "rotation with an extra unknown key ignored: old key {r_old:?}, new key {r_new:?}"
+    );
+}
+
+/// Finding (RFC 7515 §4.1.11): a token whose header lists a critical extension the verifier
+/// does not understand MUST be rejected. `jsonwebtoken`'s `Header` drops `crit` silently, so
+/// such a token is accepted.
+#[test]
+fn adv_a_crit_header_we_do_not_understand_is_refused() {
+    let (pair, jwk) = raw_ed25519();
+    let f = fixture(&[&jwk]);
+    let plain = raw_sign(&pair, &serde_json::json!({"alg": "EdDSA"}), &claims());
+    assert!(f.v.verify(Some(&auth(&plain))).is_ok());
+    let crit = raw_sign(
+        &pair,
+        &serde_json::json!({"alg": "EdDSA", "crit": ["urn:example:bind"], "urn:example:bind": "x"}),
+        &claims(),
+    );
+    let r = f.v.verify(Some(&auth(&crit)));
+    assert!(r.is_err(), "a token with an unknown crit extension accepted: {r:?}");
+    let b64 = raw_sign(
+        &pair,
+        &serde_json::json!({"alg": "EdDSA", "crit": ["b64"], "b64": false}),
+        &claims(),
+    );
+    let r = f.v.verify(Some(&auth(&b64)));
+    assert!(r.is_err(), "a token with crit b64=false accepted: {r:?}");
+}
+
+/// Finding: an `nbf` that is not a NumericDate (a string, a bool, a number beyond u64) is
+/// silently not checked (jsonwebtoken's `TryParse::FailedToParse` skips the nbf test; only a
+/// *required* claim fails closed), so a token not valid before 2100 is accepted today. A
+/// malformed time claim must fail closed, as a malformed `exp` does.
+#[test]
+fn adv_an_nbf_that_is_not_a_number_is_refused() {
+    let s = ed25519(None);
+    let f = fixture(&[&s.jwk]);
+    // For contrast: a string `exp` fails closed (exp is required).
+    let mut c = claims();
+    c["exp"] = serde_json::Value::String((now() + 300).to_string());
+    invalid(f.v.verify(Some(&auth(&sign(&s, None, &c)))));
+    let future = now() + 100 * 365 * 86400;
+    for nbf in [
+        serde_json::Value::String(future.to_string()),
+        serde_json::json!(true),
+        serde_json::json!(1e300),
+    ] {
+        let mut c = claims();
+        c["nbf"] = nbf.clone();
+        let r = f.v.verify(Some(&auth(&sign(&s, None, &c))));
+        assert!(r.is_err(), "nbf {nbf} not checked: accepted as {r:?}");
+    }
+}
+
+/// Finding (low): a JWK published for encryption (`"use": "enc"`, or `key_ops` without
+/// `verify`) verifies signatures. RFC 7517 §4.2/§4.3: keys are for one purpose; an issuer's
+/// encryption key must not also authenticate tokens (key separation).
+#[test]
+fn adv_an_encryption_key_does_not_verify_signatures() {
+    let mut s = ed25519(Some("enc"));
+    s.jwk["use"] = "enc".into();
+    let f = fixture(&[&s.jwk]);
+    let r = f.v.verify(Some(&auth(&sign(&s, Some("enc"), &claims()))));
+    assert!(r.is_err(), "a use=enc key verified a token: {r:?}");
+    let mut s = ed25519(Some("wrap"));
+    s.jwk["key_ops"] = serde_json::json!(["encrypt", "wrapKey"]);
+    let f = fixture(&[&s.jwk]);
+    let r = f.v.verify(Some(&auth(&sign(&s, Some("wrap"), &claims()))));
+    assert!(r.is_err(), "a key_ops=[encrypt] key verified a token: {r:?}");
+}
+
+/// What held (kept as regression tests): type tricks on iss/aud/sub/exp, duplicate claims,
+/// alg/kid games, embedded-key headers.
+#[test]
+fn adv_type_tricks_and_header_games_are_refused() {
+    let (pair, jwk) = raw_ed25519();
+    let mut jwk_k = jwk.clone();
+    jwk_k["kid"] = "k".into();
+    let f = fixture(&[&jwk_k]);
+    let h = serde_json::json!({"alg": "EdDSA"});
+    let ok = |c: &serde_json::Value| f.v.verify(Some(&auth(&raw_sign(&pair, &h, c))));
+    assert!(ok(&claims()).is_ok());
+    let mut bad = Vec::new();
+    for (k, v) in [
+        ("iss", serde_json::json!(["https://issuer.example", "https://evil"])),
+        ("iss", serde_json::json!(null)),
+        ("aud", serde_json::json!(null)),
+        ("aud", serde_json::json!([])),
+        ("aud", serde_json::json!({"0": "mcp-proxy"})),
+        ("aud", serde_json::json!(["mcp-proxy", 1])),
+        ("sub", serde_json::json!(null)),
+        ("sub", serde_json::json!(7)),
+        ("sub", serde_json::json!(["alice"])),
+        ("exp", serde_json::json!(null)),
+        ("exp", serde_json::json!(-1)),
+        ("exp", serde_json::json!(1e300)),
+        ("exp", serde_json::json!("9999999999")),
+    ] {
+        let mut c = claims();
+        c[k] = v.clone();
+        if ok(&c).is_ok() {
+            bad.push(format!("{k}={v}"));
+        }
+    }
+    // Duplicate members: the validator and the claims must not read different values.
+    let input = format!(
+        "{}.{}",
+        B64.encode(br#"{"alg":"EdDSA"}"#),
+        B64.encode(format!(
+            r#"{{"iss":"https://evil","iss":"https://issuer.example","aud":"mcp-proxy","sub":"a","sub":"b","exp":{}}}"#,
+            now() + 300
+        ))
+    );
+    let t = format!("{input}.{}", B64.encode(pair.sign(input.as_bytes()).as_ref()));
+    if f.v.verify(Some(&auth(&t))).is_ok() {
+        bad.push("duplicate members".into());
+    }
+    // Header games: an embedded jwk/jku/x5u naming the attacker's key, a kid that is not ours,
+    // an alg the key does not take, a header with alg twice.
+    let (evil, evil_jwk) = raw_ed25519();
+    for h in [
+        serde_json::json!({"alg": "EdDSA", "jwk": evil_jwk}),
+        serde_json::json!({"alg": "EdDSA", "jku": "http://127.0.0.1:1/jwks"}),
+        serde_json::json!({"alg": "EdDSA", "x5u": "http://127.0.0.1:1/x"}),
+        serde_json::json!({"alg": "EdDSA", "kid": "k", "jwk": evil_jwk}),
+    ] {
+        if f.v.verify(Some(&auth(&raw_sign(&evil, &h, &claims())))).is_ok() {
+            bad.push(format!("header {h}"));
+        }
+    }
+    let dup_alg = {
+        let input = format!(
+            "{}.{}",
+            B64.encode(br#"{"alg":"HS256","alg":"EdDSA"}"#),
+            B64.encode(serde_json::to_vec(&claims()).unwrap())
+        );
+        format!("{input}.{}", B64.encode(pair.sign(input.as_bytes()).as_ref()))
+    };
+    if f.v.verify(Some(&auth(&dup_alg))).is_ok() {
+        bad.push("alg twice".into());
+    }
+    assert!(bad.is_empty(), "accepted: {bad:?}");
+}
