@@ -391,7 +391,10 @@ fn adv_a_crit_header_we_do_not_understand_is_refused() {
         &claims(),
     );
     let r = f.v.verify(Some(&auth(&crit)));
-    assert!(r.is_err(), "a token with an unknown crit extension accepted: {r:?}");
+    assert!(
+        r.is_err(),
+        "a token with an unknown crit extension accepted: {r:?}"
+    );
     let b64 = raw_sign(
         &pair,
         &serde_json::json!({"alg": "EdDSA", "crit": ["b64"], "b64": false}),
@@ -440,7 +443,10 @@ fn adv_an_encryption_key_does_not_verify_signatures() {
     s.jwk["key_ops"] = serde_json::json!(["encrypt", "wrapKey"]);
     let f = fixture(&[&s.jwk]);
     let r = f.v.verify(Some(&auth(&sign(&s, Some("wrap"), &claims()))));
-    assert!(r.is_err(), "a key_ops=[encrypt] key verified a token: {r:?}");
+    assert!(
+        r.is_err(),
+        "a key_ops=[encrypt] key verified a token: {r:?}"
+    );
 }
 
 /// What held (kept as regression tests): type tricks on iss/aud/sub/exp, duplicate claims,
@@ -456,7 +462,10 @@ fn adv_type_tricks_and_header_games_are_refused() {
     assert!(ok(&claims()).is_ok());
     let mut bad = Vec::new();
     for (k, v) in [
-        ("iss", serde_json::json!(["https://issuer.example", "https://evil"])),
+        (
+            "iss",
+            serde_json::json!(["https://issuer.example", "https://evil"]),
+        ),
         ("iss", serde_json::json!(null)),
         ("aud", serde_json::json!(null)),
         ("aud", serde_json::json!([])),
@@ -485,7 +494,10 @@ fn adv_type_tricks_and_header_games_are_refused() {
             now() + 300
         ))
     );
-    let t = format!("{input}.{}", B64.encode(pair.sign(input.as_bytes()).as_ref()));
+    let t = format!(
+        "{input}.{}",
+        B64.encode(pair.sign(input.as_bytes()).as_ref())
+    );
     if f.v.verify(Some(&auth(&t))).is_ok() {
         bad.push("duplicate members".into());
     }
@@ -498,7 +510,10 @@ fn adv_type_tricks_and_header_games_are_refused() {
         serde_json::json!({"alg": "EdDSA", "x5u": "http://127.0.0.1:1/x"}),
         serde_json::json!({"alg": "EdDSA", "kid": "k", "jwk": evil_jwk}),
     ] {
-        if f.v.verify(Some(&auth(&raw_sign(&evil, &h, &claims())))).is_ok() {
+        if f.v
+            .verify(Some(&auth(&raw_sign(&evil, &h, &claims()))))
+            .is_ok()
+        {
             bad.push(format!("header {h}"));
         }
     }
@@ -508,10 +523,82 @@ fn adv_type_tricks_and_header_games_are_refused() {
             B64.encode(br#"{"alg":"HS256","alg":"EdDSA"}"#),
             B64.encode(serde_json::to_vec(&claims()).unwrap())
         );
-        format!("{input}.{}", B64.encode(pair.sign(input.as_bytes()).as_ref()))
+        format!(
+            "{input}.{}",
+            B64.encode(pair.sign(input.as_bytes()).as_ref())
+        )
     };
     if f.v.verify(Some(&auth(&dup_alg))).is_ok() {
         bad.push("alg twice".into());
     }
     assert!(bad.is_empty(), "accepted: {bad:?}");
+}
+
+// RS256 fixtures made once with Python's `cryptography` (ring cannot generate RSA keys): a
+// 1024-bit and a 2048-bit key, each with a token (sub alice, exp 2100-01-01) signed by it.
+const RSA1024_JWK: &str = r#"{"kty": "RSA", "n": "v7lZB3WYFpkXLkJ7XoXl0HSXaIhNbHyZAdteX5SKg_GtwbTih_dYlJV3LbPMnXzReu8VmhGgDQnkWtOYtqvoHkxnZnvUm0yA3Aqh_lkDcGAZaZ43oR6XOWZCmv84FsplhqcDYsnW5zqaUF0UuTL3TIY4Q9ssAcNRmnVy0QeC_98", "e": "AQAB", "kid": "rsa1024"}"#;
+const RSA1024_TOKEN: &str = "eyJhbGciOiAiUlMyNTYiLCAia2lkIjogInJzYTEwMjQifQ.eyJpc3MiOiAiaHR0cHM6Ly9pc3N1ZXIuZXhhbXBsZSIsICJhdWQiOiAibWNwLXByb3h5IiwgInN1YiI6ICJhbGljZSIsICJleHAiOiA0MTAyNDQ0ODAwfQ.HxCrwNop-WwFOritwTK8A9QPfEWF1EHoNM_LmzgIBvZ4KF53splH_19-nlyDV6vn60KrQaLf6SIORSSMPnHwzIU84ZRkqpegEgfpzdtixUIlUBOIzkdY5NvAvtT-rcTAf5ycRvyz32MiOBlKEHfTb78WnPL0vO8znW-5WFGvigI";
+const RSA2048_JWK: &str = r#"{"kty": "RSA", "n": "1_N3w6-S9a0hAbjL2yvSkIFMNC4idCMPoNL5eljKgUxZEcZP9ALKmpwR6LAOnPlgti42i_D1jVqEigsXhREMh7Gk6dKwIJ5LbrH0f6-3ClmJLF3p2J9szh3iBBDJIg9ya-l9RfuqHZRNZoVwBVrkrkqEKjk-_3HHyxBDWxTdYBH2s9KlZbawyPpGYb_rvZ83SumcLKJOFSHRsAuLO96t90Gab9rNWISAKtEiYzZWYTub-wwreb9W7vzcg9gsud8lWc5O2QKGBlp2kNE-FS3wbbGl5_kZfYQtUQ_zKpMk99mH_Eo3bsxN1y3Lk5tbuTLQxKD_fNHEIX5w6ypps66VTw", "e": "AQAB", "kid": "rsa2048"}"#;
+const RSA2048_TOKEN: &str = "eyJhbGciOiAiUlMyNTYiLCAia2lkIjogInJzYTIwNDgifQ.eyJpc3MiOiAiaHR0cHM6Ly9pc3N1ZXIuZXhhbXBsZSIsICJhdWQiOiAibWNwLXByb3h5IiwgInN1YiI6ICJhbGljZSIsICJleHAiOiA0MTAyNDQ0ODAwfQ.nxrmpWVTPbumrjoT63BQbxl7CvgthzSrt9lq3hzXIdj9RbVXsls49UAVuvH3g2FEs4rrZjnCdDA2RD4MUoPE6VChBH1HrscM21klBuBjUXSs9t5q2hCWQK8dBg1v3NoJ0ZONH4NfMvJck-NeW4rA2KphMZu9tI84u64zeFPjfQvvGYfjKdrsY-UPUVdKZc7A9jwtPhgknON9GrtSiJTIRWK8ehlt4NaBfrgeK4AiFPNPNUvxjebILY6RFph_47EMjCrpaM0pm3F4BLWH1jjkBwp8I-y8IX9haEgLAtw5M8sJeGFbDGJ8K__ofmsb1N0PZ4Zn2QOgPsNY8GOSH9wZzw";
+
+/// What held: RS256 works with a 2048-bit key, and a 1024-bit RSA key (too small to trust)
+/// verifies nothing even when its signature is right (ring's floor is 2048 bits).
+#[test]
+fn adv_rsa_keys_below_2048_bits_verify_nothing() {
+    let k2048: serde_json::Value = serde_json::from_str(RSA2048_JWK).unwrap();
+    let k1024: serde_json::Value = serde_json::from_str(RSA1024_JWK).unwrap();
+    let f = fixture(&[&k2048, &k1024]);
+    assert!(f.v.verify(Some(&auth(RSA2048_TOKEN))).is_ok());
+    invalid(f.v.verify(Some(&auth(RSA1024_TOKEN))));
+    // The RSA key is no HMAC secret either: HS256 over its `n` is refused.
+    let hs = jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &claims(),
+        &EncodingKey::from_secret(k2048["n"].as_str().unwrap().as_bytes()),
+    )
+    .unwrap();
+    invalid(f.v.verify(Some(&auth(&hs))));
+    // A PS256 token is refused when only RS256/ES256/EdDSA are configured.
+    let mut t = RSA2048_TOKEN.splitn(2, '.');
+    let (_h, rest) = (t.next().unwrap(), t.next().unwrap());
+    let ps = format!(
+        "{}.{rest}",
+        B64.encode(br#"{"alg":"PS256","kid":"rsa2048"}"#)
+    );
+    invalid(f.v.verify(Some(&auth(&ps))));
+}
+
+/// What held: a token at the size limit made of nesting (in an unknown claim, in an unknown
+/// header member, in the embedded `jwk`) is refused or accepted without exhausting the stack.
+#[test]
+fn adv_deeply_nested_tokens_do_not_overflow() {
+    let (pair, jwk) = raw_ed25519();
+    let f = fixture(&[&jwk]);
+    let depth = 5900;
+    let nest = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+    let sign_raw = |h: &str, c: &str| {
+        let input = format!("{}.{}", B64.encode(h), B64.encode(c));
+        format!(
+            "{input}.{}",
+            B64.encode(pair.sign(input.as_bytes()).as_ref())
+        )
+    };
+    let c = claims();
+    let body = format!(
+        r#"{{"iss":{},"aud":"mcp-proxy","sub":"alice","exp":{},"x":{nest}}}"#,
+        c["iss"], c["exp"]
+    );
+    let t = sign_raw(r#"{"alg":"EdDSA"}"#, &body);
+    assert!(t.len() <= MAX_TOKEN_BYTES, "{}", t.len());
+    let _ = f.v.verify(Some(&auth(&t)));
+    let t = sign_raw(
+        &format!(r#"{{"alg":"EdDSA","x":{nest}}}"#),
+        &serde_json::to_string(&c).unwrap(),
+    );
+    let _ = f.v.verify(Some(&auth(&t)));
+    let t = sign_raw(
+        &format!(r#"{{"alg":"EdDSA","jwk":{{"kty":"OKP","crv":"Ed25519","x":"a","k":{nest}}}}}"#),
+        &serde_json::to_string(&c).unwrap(),
+    );
+    let _ = f.v.verify(Some(&auth(&t)));
 }
