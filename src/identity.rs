@@ -99,13 +99,18 @@ impl AuthConfig {
             return Err(("auth.jwks_file", "required with auth.mode = \"jwt\"".into()));
         };
         crate::jwt::load_jwks(f).map_err(|e| ("auth.jwks_file", e))?;
-        if self.issuer.trim().is_empty() {
+        if self.issuer.trim().is_empty() || self.issuer.trim() != self.issuer {
             return Err(("auth.issuer", "required with auth.mode = \"jwt\"".into()));
         }
-        if self.audience.is_empty() || self.audience.iter().any(|a| a.trim().is_empty()) {
+        if self.audience.is_empty()
+            || self
+                .audience
+                .iter()
+                .any(|a| a.trim().is_empty() || a.trim() != a)
+        {
             return Err((
                 "auth.audience",
-                "one or more non-empty values required with auth.mode = \"jwt\"".into(),
+                "one or more non-empty values, without surrounding spaces, required with auth.mode = \"jwt\"".into(),
             ));
         }
         if self.leeway_secs > 600 {

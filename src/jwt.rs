@@ -11,11 +11,13 @@
 //! loudly.
 
 use std::collections::HashSet;
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use jsonwebtoken::jwk::{AlgorithmParameters, Jwk, JwkSet, KeyAlgorithm};
+use base64::Engine;
+use jsonwebtoken::jwk::{AlgorithmParameters, Jwk, KeyAlgorithm, KeyOperations, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
@@ -70,11 +72,19 @@ pub struct Principal {
 struct Claims {
     iss: String,
     sub: String,
+    /// Checked here too: `jsonwebtoken` skips an `nbf` it cannot read as a number.
+    nbf: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct RawSet {
+    keys: Vec<serde_json::Value>,
 }
 
 struct Keys {
-    /// Keys with their `kid` (if any) and the algorithm the JWK pins (if any).
-    keys: Vec<(Option<String>, Option<Algorithm>, Family, DecodingKey)>,
+    /// Keys with their `kid` (if any) and the algorithm the JWK pins (if any); shared, so that
+    /// signatures are checked outside the lock.
+    keys: Arc<KeyList>,
     /// The file's (mtime, len) when read.
     stamp: Option<(SystemTime, u64)>,
     checked: Instant,
@@ -112,7 +122,14 @@ pub fn parse_algorithm(name: &str) -> Option<Algorithm> {
 /// Reads and checks a JWKS file: at least one usable public key. `Err` says why, for the
 /// configuration error or the log line.
 pub fn load_jwks(path: &Path) -> Result<usize, String> {
-    read_keys(path).map(|k| k.len())
+    let keys = read_keys(path)?;
+    if keys.is_empty() {
+        return Err(format!(
+            "{}: no usable public key (RSA, EC P-256/P-384 or Ed25519 for signatures)",
+            path.display()
+        ));
+    }
+    Ok(keys.len())
 }
 
 fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
@@ -122,44 +139,54 @@ fn stamp(path: &Path) -> Option<(SystemTime, u64)> {
 
 type KeyList = Vec<(Option<String>, Option<Algorithm>, Family, DecodingKey)>;
 
+/// The usable keys of a JWKS file. `Err` only when the file cannot be read or is not a JWKS (a
+/// JWKS with no usable key is `Ok` and empty: every token is then refused — a revocation).
 fn read_keys(path: &Path) -> Result<KeyList, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if meta.len() > MAX_JWKS_BYTES {
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_JWKS_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_JWKS_BYTES {
         return Err(format!(
-            "{}: {} bytes, more than a JWKS of public keys needs ({MAX_JWKS_BYTES})",
-            path.display(),
-            meta.len()
+            "{}: more than {MAX_JWKS_BYTES} bytes, more than a JWKS of public keys needs",
+            path.display()
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let set: JwkSet = serde_json::from_slice(&bytes)
+    let set: RawSet = serde_json::from_slice(&bytes)
         .map_err(|e| format!("{}: not a JWKS: {e}", path.display()))?;
     let mut keys = Vec::new();
-    let mut skipped = Vec::new();
-    for (i, jwk) in set.keys.iter().enumerate() {
-        match usable(jwk) {
+    for (i, raw) in set.keys.into_iter().enumerate() {
+        // One key this verifier has no model for (another curve, an encryption algorithm)
+        // is skipped like any other unusable key, not a reason to ignore the whole file.
+        let r = serde_json::from_value::<Jwk>(raw)
+            .map_err(|e| format!("not a key we read: {e}"))
+            .and_then(|jwk| usable(&jwk));
+        match r {
             Ok(k) => keys.push(k),
-            Err(why) => skipped.push(format!("key {i}: {why}")),
+            Err(why) => tracing::warn!(file = %path.display(), "JWKS key {i}: {why}; skipped"),
         }
-    }
-    for s in &skipped {
-        tracing::warn!(file = %path.display(), "JWKS {s}; skipped");
-    }
-    if keys.is_empty() {
-        return Err(format!(
-            "{}: no usable public key (RSA, EC P-256/P-384 or Ed25519){}",
-            path.display(),
-            if skipped.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", skipped.join("; "))
-            }
-        ));
     }
     Ok(keys)
 }
 
 fn usable(jwk: &Jwk) -> Result<(Option<String>, Option<Algorithm>, Family, DecodingKey), String> {
+    if jwk
+        .common
+        .public_key_use
+        .as_ref()
+        .is_some_and(|u| *u != PublicKeyUse::Signature)
+    {
+        return Err("not a signature key (use)".into());
+    }
+    if jwk
+        .common
+        .key_operations
+        .as_ref()
+        .is_some_and(|ops| !ops.contains(&KeyOperations::Verify))
+    {
+        return Err("not a verification key (key_ops)".into());
+    }
     let fam = match &jwk.algorithm {
         AlgorithmParameters::RSA(_) => Family::Rsa,
         AlgorithmParameters::EllipticCurve(_) => Family::Ec,
@@ -218,7 +245,12 @@ impl Verifier {
     pub fn new(rules: JwtRules) -> Self {
         let stamp_now = stamp(&rules.jwks_file);
         let keys = match read_keys(&rules.jwks_file) {
-            Ok(k) => k,
+            Ok(k) => {
+                if k.is_empty() {
+                    tracing::error!(file = %rules.jwks_file.display(), "auth.jwks_file holds no usable key; every bearer token is refused until it has some");
+                }
+                k
+            }
             Err(e) => {
                 tracing::error!(error = %e, "auth.jwks_file: no keys; every bearer token is refused until it has some");
                 Vec::new()
@@ -227,7 +259,7 @@ impl Verifier {
         Verifier {
             rules,
             keys: Mutex::new(Keys {
-                keys,
+                keys: Arc::new(keys),
                 stamp: stamp_now,
                 checked: Instant::now(),
             }),
@@ -252,8 +284,12 @@ impl Verifier {
         k.stamp = now;
         match read_keys(&self.rules.jwks_file) {
             Ok(keys) => {
-                tracing::info!(keys = keys.len(), file = %self.rules.jwks_file.display(), "JWKS reloaded");
-                k.keys = keys;
+                if keys.is_empty() {
+                    tracing::error!(file = %self.rules.jwks_file.display(), "JWKS reloaded with no usable key: every bearer token is refused");
+                } else {
+                    tracing::info!(keys = keys.len(), file = %self.rules.jwks_file.display(), "JWKS reloaded");
+                }
+                k.keys = Arc::new(keys);
             }
             Err(e) => {
                 tracing::error!(error = %e, "auth.jwks_file changed but cannot be used; keeping the keys read before");
@@ -278,6 +314,7 @@ impl Verifier {
         }
         let header = jsonwebtoken::decode_header(token)
             .map_err(|e| TokenError::Invalid(format!("header: {e}")))?;
+        no_extensions(token)?;
         if !self.rules.algorithms.contains(&header.alg) {
             return Err(TokenError::Invalid(format!(
                 "algorithm {:?} not allowed",
@@ -294,8 +331,8 @@ impl Verifier {
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
         validation.iss = Some(HashSet::from([self.rules.issuer.clone()]));
         validation.aud = Some(self.rules.audience.iter().cloned().collect());
-        let keys = self.lock();
-        let candidates = keys.keys.iter().filter(|(kid, alg, f, _)| {
+        let keys = self.lock().keys.clone();
+        let candidates = keys.iter().filter(|(kid, alg, f, _)| {
             *f == fam
                 && alg.is_none_or(|a| a == header.alg)
                 && match (&header.kid, kid) {
@@ -319,6 +356,15 @@ impl Verifier {
                 Ok(data) => {
                     if data.claims.sub.is_empty() {
                         return Err(TokenError::Invalid("empty sub".into()));
+                    }
+                    if let Some(nbf) = &data.claims.nbf {
+                        let Some(nbf) = nbf.as_u64() else {
+                            return Err(TokenError::Invalid("nbf is not a NumericDate".into()));
+                        };
+                        let now = jsonwebtoken::get_current_timestamp();
+                        if nbf > now.saturating_add(self.rules.leeway_secs) {
+                            return Err(TokenError::Invalid("not valid yet (nbf)".into()));
+                        }
                     }
                     return Ok(Principal {
                         issuer: data.claims.iss,
@@ -348,6 +394,23 @@ impl Verifier {
         }
         Err(last)
     }
+}
+
+/// Refuses a token whose header asks for an extension (RFC 7515 §4.1.11: `crit` names ones the
+/// verifier must understand; this one understands none, and `b64` changes what is signed).
+fn no_extensions(token: &str) -> Result<(), TokenError> {
+    let head = token.split('.').next().unwrap_or("");
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(head)
+        .map_err(|_| TokenError::Invalid("header is not base64url".into()))?;
+    let h: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&bytes)
+        .map_err(|_| TokenError::Invalid("header is not a JSON object".into()))?;
+    if h.contains_key("crit") || h.contains_key("b64") {
+        return Err(TokenError::Invalid(
+            "header asks for an extension (crit, b64)".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The token of `Authorization: Bearer <token>` (scheme case-insensitive, RFC 6750).
