@@ -2218,6 +2218,44 @@ mod tests {
         });
     }
 
+    /// Finding: "segment-delete errors are only logged" — a compacted segment that cannot be
+    /// deleted keeps its bytes on disk while the log believed them gone (the bound breaks), and a
+    /// segment that comes back later can bring back records newer ones no longer supersede. A
+    /// failed delete is fatal now, the segment kept and still counted.
+    #[test]
+    fn a_failed_segment_delete_is_fatal() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 192 << 10;
+            sim.cfg.max_events_per_session = 50;
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            let b = sim.create().unwrap();
+            sim.turn().await;
+            // The next remove of a file is a compacted segment's (nothing else deletes files
+            // while the log is healthy).
+            sim.fs.fail_next(Call::Remove, 5);
+            let first = sim.fs.list().unwrap()[0].clone();
+            let mut failed = false;
+            for i in 0..3000 {
+                send(&mut sim, b, &format!("b-{i}-{}", "x".repeat(200)));
+                sim.turn().await;
+                if sim.failed() {
+                    failed = true;
+                    break;
+                }
+            }
+            assert!(
+                failed,
+                "a segment that could not be deleted left the log healthy"
+            );
+            assert!(
+                sim.fs.list().unwrap().contains(&first),
+                "the segment is still there"
+            );
+        });
+    }
+
     /// Finding: "an end and a remove of one session in the same turn resurrect it".
     #[test]
     fn an_end_and_a_remove_in_one_turn_stay_removed() {
