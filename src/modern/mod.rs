@@ -667,6 +667,21 @@ impl Modern {
         };
         // `upstream.request_timeout_secs`, per client request (a retry starts it anew).
         let timeout_at = self.cfg.request_timeout().map(|d| started + d);
+        if task_after == Some(Duration::ZERO) {
+            // `tasks.mode = "always"`: a task whatever the upstream's pace — not a race between
+            // a zero timer and an answer that is already there.
+            let tool = inb.string(|f| f.name).unwrap_or_default();
+            match self.tasks.begin(inb.identity, &tool).await {
+                Ok(t) => {
+                    let r = self.tasks.start(t, call, server_info.clone());
+                    return Ended::Answer(result_msg(&inb.id, r));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot create a task; the call goes on without one");
+                    task_after = None;
+                }
+            }
+        }
         loop {
             let task_at = task_after.map(|d| started + d);
             tokio::select! {
