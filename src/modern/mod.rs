@@ -670,14 +670,10 @@ impl Modern {
         if task_after == Some(Duration::ZERO) {
             // `tasks.mode = "always"`: a task whatever the upstream's pace — not a race between
             // a zero timer and an answer that is already there.
-            let tool = inb.string(|f| f.name).unwrap_or_default();
-            match self.tasks.begin(inb.identity, &tool).await {
-                Ok(t) => {
-                    let r = self.tasks.start(t, call, server_info.clone());
-                    return Ended::Answer(result_msg(&inb.id, r));
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot create a task; the call goes on without one");
+            match self.into_task(inb, call, &server_info).await {
+                Ok(answer) => return answer,
+                Err(c) => {
+                    call = c;
                     task_after = None;
                 }
             }
@@ -738,15 +734,10 @@ impl Modern {
                     }
                 },
                 _ = async { tokio::time::sleep_until(task_at.expect("guarded")).await }, if task_at.is_some() => {
-                    let tool = inb.string(|f| f.name).unwrap_or_default();
-                    match self.tasks.begin(inb.identity, &tool).await {
-                        Ok(t) => {
-                            let r = self.tasks.start(t, call, server_info.clone());
-                            return Ended::Answer(result_msg(&inb.id, r));
-                        }
-                        Err(e) => {
-                            // The call stays a plain request.
-                            tracing::error!(error = %e, "cannot create a task; the call goes on without one");
+                    match self.into_task(inb, call, &server_info).await {
+                        Ok(answer) => return answer,
+                        Err(c) => {
+                            call = c;
                             task_after = None;
                         }
                     }
@@ -773,6 +764,27 @@ impl Modern {
                     return Ended::Answer(error_msg(&inb.id, crate::jsonrpc::INFLIGHT_ABORTED,
                         "request aborted: the proxy is shutting down", Some(json!({"reason": "shutdown"}))));
                 }
+            }
+        }
+    }
+
+    /// Makes `call` a task (its answer: the task's handle); `Err` gives the call back when no
+    /// task can be created — it then stays a plain request.
+    async fn into_task(
+        self: &Arc<Self>,
+        inb: &Inbound,
+        call: UpCall,
+        server_info: &Option<Value>,
+    ) -> Result<Ended, UpCall> {
+        let tool = inb.string(|f| f.name).unwrap_or_default();
+        match self.tasks.begin(inb.identity, &tool).await {
+            Ok(t) => {
+                let r = self.tasks.start(t, call, server_info.clone());
+                Ok(Ended::Answer(result_msg(&inb.id, r)))
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create a task; the call goes on without one");
+                Err(call)
             }
         }
     }
