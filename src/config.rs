@@ -185,7 +185,8 @@ pub struct SessionsConfig {
     pub max_sessions: usize,
     /// Seconds between keepalive comments on every client SSE stream.
     pub keepalive_secs: u64,
-    /// Most live sessions one identity may hold (an anonymous caller: one peer IP address).
+    /// Most live sessions one owner may hold: a verified identity (JWT principal, client
+    /// certificate), else one peer IP address (unverified header identities count under it).
     pub max_per_identity: usize,
     /// Seconds a session that never got a client message (beyond `initialize`) is kept after its
     /// last client left: probing clients do not hold upstream connections for `idle_ttl_secs`.

@@ -239,6 +239,14 @@ impl Keyring {
         Identity(self.mac(b"identity", &material))
     }
 
+    /// The identity of a client certificate alone (digest `c`): what the TLS handshake verified,
+    /// whatever identity headers ride with it.
+    pub fn certificate(&self, c: &[u8; 32]) -> Identity {
+        let mut material = b"c:".to_vec();
+        material.extend_from_slice(c);
+        Identity(self.mac(b"identity", &material))
+    }
+
     /// The identity of a request: its identity headers and client certificate digest, keyed.
     /// `None` when it carries none of them (an anonymous caller).
     pub fn identity(

@@ -1404,7 +1404,7 @@ async fn alive(t: &Target, s: &str, who: &[(&str, &str)]) -> bool {
 }
 
 /// `sessions.max_per_identity` for an anonymous flood from one address: 400 `initialize`s take
-/// only from the flood's own sessions (an identity's idle sessions all survive, the flood never
+/// only from the flood's own sessions (another peer's idle sessions all survive, the flood never
 /// holds more than its quota), and once every one of its sessions has a client attached (held
 /// `GET /sse` streams) the next one gets 503 `capacity`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1419,10 +1419,13 @@ async fn an_anonymous_flood_is_bounded_by_its_own_quota() {
     })
     .await;
     let t = Target::plain(p.addr);
+    // A connects from its own address: header identities count per peer (see
+    // `forged_identities_from_one_peer_are_one_owner`).
+    let ta = t.from_peer("127.0.0.2");
     let admin = p.admin_addr;
     let mut mine = Vec::new();
     for _ in 0..6 {
-        mine.push(idle_used_session(&t, &[A]).await);
+        mine.push(idle_used_session(&ta, &[A]).await);
     }
     let init = init_body(V_NEW, "flood");
     let h = [
@@ -1446,7 +1449,7 @@ async fn an_anonymous_flood_is_bounded_by_its_own_quota() {
     );
     for s in &mine {
         assert!(
-            alive(&t, s, &[A]).await,
+            alive(&ta, s, &[A]).await,
             "an idle session of A was evicted by the flood"
         );
     }
@@ -1463,17 +1466,17 @@ async fn an_anonymous_flood_is_bounded_by_its_own_quota() {
     let r = t.send("POST", "/mcp", &h, Some(&init)).await;
     refused(r, 503, "capacity").await;
     for s in &mine {
-        assert!(alive(&t, s, &[A]).await);
+        assert!(alive(&ta, s, &[A]).await);
     }
     // A is still served: it has quota and the proxy has room.
-    assert!(alive(&t, &idle_used_session(&t, &[A]).await, &[A]).await);
+    assert!(alive(&ta, &idle_used_session(&ta, &[A]).await, &[A]).await);
     drop(held);
     p.stop().await;
 }
 
 /// When the proxy is full, eviction takes from the owner holding the most sessions — and an
-/// anonymous flood that has grown as large as an identity's share evicts its own, never the
-/// identity's (`max_per_identity` left at its default, so only `max_sessions` bounds the flood).
+/// anonymous flood that has grown as large as another peer's share evicts its own, never that
+/// peer's (`max_per_identity` left at its default, so only `max_sessions` bounds the flood).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_proxy_evicts_from_the_heaviest_owner() {
     let stub =
@@ -1485,16 +1488,21 @@ async fn a_full_proxy_evicts_from_the_heaviest_owner() {
     })
     .await;
     let t = Target::plain(p.addr);
+    let (ta, tb, tc) = (
+        t.from_peer("127.0.0.2"),
+        t.from_peer("127.0.0.3"),
+        t.from_peer("127.0.0.4"),
+    );
     let admin = p.admin_addr;
     let evicted = "mcp_resume_sessions_ended_total{reason=\"evicted\"}";
     // A holds 5, B 12 (the heaviest), and 3 anonymous: full.
     let mut a = Vec::new();
     let mut b = Vec::new();
     for _ in 0..5 {
-        a.push(idle_used_session(&t, &[A]).await);
+        a.push(idle_used_session(&ta, &[A]).await);
     }
     for _ in 0..12 {
-        b.push(idle_used_session(&t, &[B]).await);
+        b.push(idle_used_session(&tb, &[B]).await);
     }
     let mut anon = Vec::new();
     for _ in 0..3 {
@@ -1502,19 +1510,19 @@ async fn a_full_proxy_evicts_from_the_heaviest_owner() {
     }
     assert_eq!(metric_at(admin, "mcp_resume_sessions_active").await, 20.0);
     let c = ("authorization", "Bearer C");
-    let s = idle_used_session(&t, &[c]).await;
+    let s = idle_used_session(&tc, &[c]).await;
     assert_eq!(metric_at(admin, evicted).await, 1.0);
     assert!(
-        !alive(&t, &b[0], &[B]).await,
+        !alive(&tb, &b[0], &[B]).await,
         "B's longest-idle session goes first"
     );
     for s in &a {
-        assert!(alive(&t, s, &[A]).await);
+        assert!(alive(&ta, s, &[A]).await);
     }
     for s in &anon {
         assert!(alive(&t, s, &[]).await);
     }
-    assert!(alive(&t, &s, &[c]).await);
+    assert!(alive(&tc, &s, &[c]).await);
     p.stop().await;
 
     // A holds half the proxy; an anonymous flood fills the other half, then keeps opening.
@@ -1525,9 +1533,10 @@ async fn a_full_proxy_evicts_from_the_heaviest_owner() {
     })
     .await;
     let t = Target::plain(p.addr);
+    let ta = t.from_peer("127.0.0.2");
     let mut a = Vec::new();
     for _ in 0..10 {
-        a.push(idle_used_session(&t, &[A]).await);
+        a.push(idle_used_session(&ta, &[A]).await);
     }
     let init = init_body(V_NEW, "flood");
     let h = [
@@ -1541,7 +1550,7 @@ async fn a_full_proxy_evicts_from_the_heaviest_owner() {
     }
     let mut lost = 0;
     for s in &a {
-        if !alive(&t, s, &[A]).await {
+        if !alive(&ta, s, &[A]).await {
             lost += 1;
         }
     }
@@ -1549,6 +1558,68 @@ async fn a_full_proxy_evicts_from_the_heaviest_owner() {
         lost, 0,
         "an anonymous flood evicted {lost} of A's idle sessions"
     );
+    p.stop().await;
+}
+
+/// Header identities are unverified: anyone can send a new `Authorization` value with every
+/// request. Quotas and eviction count every one of them from one address as one owner, so six
+/// made-up values cannot outweigh a real user's three idle sessions and evict them (they did:
+/// each forged value counted as an owner of one). The binding still uses the full identity: the
+/// forged sessions are not each other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_identities_from_one_peer_are_one_owner() {
+    let stub =
+        StubUpstream::start(|p, _| format!("http://127.0.0.1:{p}/messages?sid={{sid}}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&stub.sse_url(), dir.path(), |c| {
+        c.sessions.max_sessions = 6;
+        c.sessions.unused_ttl_secs = 600;
+    })
+    .await;
+    let t = Target::plain(p.addr);
+    let (user, attacker) = (t.from_peer("127.0.0.2"), t.from_peer("127.0.0.3"));
+    let admin = p.admin_addr;
+    let mut mine = Vec::new();
+    for _ in 0..3 {
+        mine.push(idle_used_session(&user, &[A]).await);
+    }
+    let forged: Vec<String> = (0..6).map(|i| format!("Bearer made-up-{i}")).collect();
+    let mut theirs = Vec::new();
+    for f in &forged {
+        let who = [("authorization", f.as_str())];
+        theirs.push(idle_used_session(&attacker, &who).await);
+    }
+    // Their six values are one owner: once the proxy was full, each of the 4th to 6th opens
+    // weighed 4 against the user's 3 and evicted the attacker's own oldest.
+    assert_eq!(metric_at(admin, "mcp_resume_sessions_active").await, 6.0);
+    assert_eq!(
+        metric_at(admin, "mcp_resume_sessions_ended_total{reason=\"evicted\"}").await,
+        3.0
+    );
+    for s in &mine {
+        assert!(
+            alive(&user, s, &[A]).await,
+            "made-up identities evicted a real user's idle session"
+        );
+    }
+    for i in 0..3 {
+        let who = [("authorization", forged[i].as_str())];
+        assert!(
+            !alive(&attacker, &theirs[i], &who).await,
+            "forged session {i}"
+        );
+    }
+    for i in 3..6 {
+        let who = [("authorization", forged[i].as_str())];
+        assert!(
+            alive(&attacker, &theirs[i], &who).await,
+            "forged session {i}"
+        );
+        // Bound to its own value: another forged value does not reach it.
+        let other = [("authorization", forged[(i + 1) % 6].as_str())];
+        let r = mcp_post(&attacker, &theirs[i], &other, &echo(3, "steal")).await;
+        assert_eq!(r.status, 404, "a session reached with another identity");
+    }
     p.stop().await;
 }
 

@@ -58,16 +58,25 @@ pub struct ClientCert(pub [u8; 32]);
 /// Who sent a request.
 #[derive(Clone, Copy, Debug)]
 pub struct Caller {
-    /// Its keyed identity (`None`: anonymous).
+    /// Its keyed identity (`None`: anonymous). Sessions are bound to it.
     pub identity: Option<Identity>,
+    /// The part of it nobody can make up: a verified JWT principal, or its client certificate.
+    /// `None` when the identity is only header values, which any caller can vary at will.
+    pub verified: Option<Identity>,
     /// Its address.
     pub peer: Option<std::net::IpAddr>,
 }
 
 impl Caller {
-    /// Who holds the sessions it opens, for quotas.
+    /// Who holds the sessions it opens, for quotas and eviction: the verified identity, else the
+    /// peer address — every made-up header value from one address is one owner, so forged
+    /// identities cannot outweigh (and evict) a real caller's sessions.
     pub fn owner(&self) -> crate::session::Owner {
-        crate::session::Owner::of(self.identity, self.peer)
+        crate::session::Owner::of(
+            self.verified
+                .or(self.identity.filter(|_| self.peer.is_none())),
+            self.peer,
+        )
     }
 }
 
@@ -167,10 +176,14 @@ impl Ctx {
                 .get(header::AUTHORIZATION)
                 .map(|h| h.as_bytes());
             return match v.verify(auth) {
-                Ok(p) => Ok(Caller {
-                    identity: Some(self.reg.log.keys().principal(&p)),
-                    peer,
-                }),
+                Ok(p) => {
+                    let principal = self.reg.log.keys().principal(&p);
+                    Ok(Caller {
+                        identity: Some(principal),
+                        verified: Some(principal),
+                        peer,
+                    })
+                }
                 Err(e) => {
                     let invalid = matches!(e, crate::jwt::TokenError::Invalid(_));
                     tracing::debug!(error = %e, "request without a valid bearer token: 401");
@@ -206,7 +219,12 @@ impl Ctx {
             self.reg.metrics.request_rejected("identity_required");
             return Err(Box::new(error_response(&Error::IdentityRequired, None)));
         }
-        Ok(Caller { identity, peer })
+        let verified = cert.map(|c| self.reg.log.keys().certificate(c));
+        Ok(Caller {
+            identity,
+            verified,
+            peer,
+        })
     }
 
     /// May `caller`, on face `face`, use a session opened on `opened` and bound to `bound`? A
@@ -625,6 +643,44 @@ mod tests {
     use std::task::{Context, Poll};
 
     use http_body::{Frame, SizeHint};
+
+    use crate::session::Owner;
+    use http::HeaderMap;
+
+    #[test]
+    fn quotas_count_verified_identities_and_otherwise_the_peer() {
+        let keys = crate::identity::Keyring::for_tests();
+        let cert = keys.certificate(&[7; 32]);
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer made-up"),
+        );
+        let cfg = crate::identity::AuthConfig::default();
+        let forged = keys.identity(&cfg, &headers, None);
+        let peer = Some(std::net::IpAddr::from([127, 0, 0, 9]));
+        let c = |identity, verified, peer| Caller {
+            identity,
+            verified,
+            peer,
+        };
+        // Header values count under the address they came from; a certificate (or a JWT
+        // principal) counts as itself wherever it comes from.
+        assert_eq!(c(forged, None, peer).owner(), Owner::Peer(peer.unwrap()));
+        assert_eq!(c(None, None, peer).owner(), Owner::Peer(peer.unwrap()));
+        assert_eq!(c(forged, Some(cert), peer).owner(), Owner::Identity(cert));
+        // In-process callers have no address: the identity is all there is.
+        assert_eq!(
+            c(forged, None, None).owner(),
+            Owner::Identity(forged.unwrap())
+        );
+        assert_eq!(c(None, None, None).owner(), Owner::Unknown);
+        // The identity of a certificate alone is the identity of a caller with only it.
+        assert_eq!(
+            keys.identity(&cfg, &HeaderMap::new(), Some(&[7; 32])),
+            Some(cert)
+        );
+    }
 
     /// A request body played from a script: chunks, then an error, the end, or nothing ever again.
     struct Scripted {

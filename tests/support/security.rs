@@ -31,18 +31,45 @@ use super::{metric_value, port, pump_tapped, wait_port, Ev, Proc, Resp, Sse, WAI
 pub struct Target {
     pub addr: SocketAddr,
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The loopback address connections come from (`None`: the kernel's choice, 127.0.0.1).
+    pub from: Option<std::net::IpAddr>,
 }
 
 impl Target {
     pub fn plain(addr: SocketAddr) -> Target {
-        Target { addr, tls: None }
+        Target {
+            addr,
+            tls: None,
+            from: None,
+        }
     }
 
     pub fn tls(addr: SocketAddr, cfg: rustls::ClientConfig) -> Target {
         Target {
             addr,
             tls: Some(Arc::new(cfg)),
+            from: None,
         }
+    }
+
+    /// The same target, reached from another loopback address (another peer, for the proxy).
+    pub fn from_peer(&self, ip: &str) -> Target {
+        let ip: std::net::IpAddr = ip.parse().expect("an address");
+        assert!(ip.is_loopback(), "tests stay on loopback");
+        Target {
+            from: Some(ip),
+            ..self.clone()
+        }
+    }
+
+    async fn connect(&self) -> TcpStream {
+        let Some(ip) = self.from else {
+            return TcpStream::connect(self.addr).await.expect("connect");
+        };
+        let sock = tokio::net::TcpSocket::new_v4().expect("socket");
+        sock.bind(SocketAddr::new(ip, 0))
+            .expect("bind the peer address");
+        sock.connect(self.addr).await.expect("connect")
     }
 
     /// One request on a fresh connection. `Host` is the listener's address unless `headers`
@@ -55,7 +82,7 @@ impl Target {
         body: Option<&str>,
     ) -> Resp {
         let fut = async {
-            let tcp = TcpStream::connect(self.addr).await.expect("connect");
+            let tcp = self.connect().await;
             match &self.tls {
                 None => send_on(tcp, &self.addr.to_string(), method, path, headers, body).await,
                 Some(cfg) => {
