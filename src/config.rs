@@ -639,6 +639,11 @@ impl Config {
         )?;
         positive("modern.pool_idle_secs", self.modern.pool_idle_secs)?;
         positive("modern.input_ttl_secs", self.modern.input_ttl_secs)?;
+        positive(
+            "modern.max_per_identity",
+            self.modern.max_per_identity as u64,
+        )?;
+        positive("modern.listen_max_secs", self.modern.listen_max_secs)?;
         positive("tasks.ttl_secs", self.tasks.ttl_secs)?;
         positive("tasks.poll_interval_ms", self.tasks.poll_interval_ms)?;
         Ok(self)

@@ -25,12 +25,13 @@ pub const UPSTREAM_ERROR_KINDS: [&str; 10] = [
 ];
 
 /// Reasons a message could not be delivered (label of `mcp_resume_dropped_total`).
-pub const DROPPED_REASONS: [&str; 5] = [
+pub const DROPPED_REASONS: [&str; 6] = [
     "oversized_event",
     "bad_event",
     "late_response",
     "non_message_event",
     "reader_trimmed",
+    "slow_reader",
 ];
 
 /// Reasons of `mcp_resume_requests_rejected_total`.
@@ -341,6 +342,11 @@ impl Metrics {
     /// Counts one undeliverable message (`reason`: one of [`DROPPED_REASONS`]).
     pub fn dropped(&self, reason: &'static str) {
         self.dropped.with_label_values(&[reason]).inc();
+    }
+
+    /// The counter of undeliverable messages for `reason` (resolve once, count often).
+    pub fn dropped_counter(&self, reason: &'static str) -> prometheus::IntCounter {
+        self.dropped.with_label_values(&[reason])
     }
 
     /// The gauge of open client streams for `facade` (resolve once per stream).

@@ -252,3 +252,81 @@ async fn the_body_budget_bounds_memory_under_many_connections() {
         bound >> 20
     );
 }
+
+/// Every queue is bounded (§11b; issue 16, point 2): a slow reader of a chatty call held the
+/// upstream's messages in an unbounded per-request queue (120k progress messages: 332 MiB). Now
+/// the call's queue (16 messages) and its stream's (32 frames) fill, the upstream session's pump
+/// waits, and the upstream — here the embedded demo upstream, whose `count` tool sends progress
+/// and a log message per step, as fast as it may — is held back. While the client reads nothing
+/// for three seconds the proxy's RSS stays flat; then it reads every progress notification,
+/// exactly once and in order, and the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_reader_of_a_chatty_call_holds_the_upstream_back() {
+    use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+    use serde_json::{json, Value};
+    const STEPS: u64 = 60_000;
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let proxy = ProxyProc::start(&up.sse_url(), &tmp.path().join("data"), &[]).await;
+    let addr: SocketAddr = format!("127.0.0.1:{}", proxy.port).parse().unwrap();
+    let msg = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "count", "arguments": {"n": STEPS, "interval_ms": 0},
+        "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}, "progressToken": "p"}}});
+    let h = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "count"),
+    ];
+    let pid = proxy.proc.pid();
+    let base = status_kib(pid, "VmRSS");
+    let mut sse = send(addr, "POST", "/mcp", &h, Some(&msg.to_string()))
+        .await
+        .sse();
+    let first = sse.next().await.expect("first progress").json();
+    assert_eq!(first["params"]["progress"], 1, "{first}");
+    // The client reads nothing for four seconds (the old queue took all 120k messages in
+    // less than that).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = status_kib(pid, "VmRSS");
+    eprintln!(
+        "slow reader: proxy RSS {} MiB before the call, {} MiB after 4 s of not reading",
+        base >> 20,
+        after >> 20
+    );
+    assert!(
+        after <= base + (16 << 20),
+        "RSS grew from {} to {} MiB while the reader read nothing",
+        base >> 20,
+        after >> 20
+    );
+    let mut expect = 2u64;
+    let mut result = None;
+    while let Some(e) = sse.next().await {
+        if e.data.is_empty() {
+            continue;
+        }
+        let m: Value = e.json();
+        if m["method"] == "notifications/progress" {
+            assert_eq!(m["params"]["progress"], expect, "{m}");
+            assert_eq!(m["params"]["progressToken"], "p", "{m}");
+            expect += 1;
+        } else {
+            result = Some(m);
+        }
+    }
+    assert_eq!(
+        expect,
+        STEPS + 1,
+        "every progress notification, once, in order"
+    );
+    let result = result.expect("the result");
+    assert_eq!(
+        result["result"]["content"][0]["text"],
+        format!("counted {STEPS}"),
+        "{result}"
+    );
+    drop(proxy);
+}

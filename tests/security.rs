@@ -1421,7 +1421,7 @@ async fn an_anonymous_flood_is_bounded_by_its_own_quota() {
     let t = Target::plain(p.addr);
     // A connects from its own address: header identities count per peer (see
     // `forged_identities_from_one_peer_are_one_owner`).
-    let ta = t.from_peer("127.0.0.2");
+    let ta = t.via_peer("127.0.0.2");
     let admin = p.admin_addr;
     let mut mine = Vec::new();
     for _ in 0..6 {
@@ -1489,9 +1489,9 @@ async fn a_full_proxy_evicts_from_the_heaviest_owner() {
     .await;
     let t = Target::plain(p.addr);
     let (ta, tb, tc) = (
-        t.from_peer("127.0.0.2"),
-        t.from_peer("127.0.0.3"),
-        t.from_peer("127.0.0.4"),
+        t.via_peer("127.0.0.2"),
+        t.via_peer("127.0.0.3"),
+        t.via_peer("127.0.0.4"),
     );
     let admin = p.admin_addr;
     let evicted = "mcp_resume_sessions_ended_total{reason=\"evicted\"}";
@@ -1533,7 +1533,7 @@ async fn a_full_proxy_evicts_from_the_heaviest_owner() {
     })
     .await;
     let t = Target::plain(p.addr);
-    let ta = t.from_peer("127.0.0.2");
+    let ta = t.via_peer("127.0.0.2");
     let mut a = Vec::new();
     for _ in 0..10 {
         a.push(idle_used_session(&ta, &[A]).await);
@@ -1577,7 +1577,7 @@ async fn forged_identities_from_one_peer_are_one_owner() {
     })
     .await;
     let t = Target::plain(p.addr);
-    let (user, attacker) = (t.from_peer("127.0.0.2"), t.from_peer("127.0.0.3"));
+    let (user, attacker) = (t.via_peer("127.0.0.2"), t.via_peer("127.0.0.3"));
     let admin = p.admin_addr;
     let mut mine = Vec::new();
     for _ in 0..3 {

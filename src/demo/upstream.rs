@@ -607,6 +607,9 @@ fn tools_list() -> Value {
          "inputSchema": {"type": "object", "required": ["count"], "properties": {
              "count": int("number of notifications"), "rate_per_sec": int("events per second, 0 = as fast as possible"),
              "size": int("padding bytes per event (default 0)")}}},
+        {"name": "list_changed", "description": "Send count notifications/tools/list_changed (unpaced), then respond.",
+         "inputSchema": {"type": "object", "required": ["count"], "properties": {
+             "count": int("number of notifications")}}},
         {"name": "misbehave", "description": "Failure injection on this session's SSE stream.",
          "inputSchema": {"type": "object", "required": ["kind"], "properties": {"kind": {
              "type": "string", "enum": ["oversized", "malformed_json", "malformed_response", "bad_utf8", "close"]}}}},
@@ -664,7 +667,10 @@ async fn call_tool(
                 let log =
                     json!({"level": "info", "logger": "count", "data": {"request": id, "i": i}});
                 session.notify("notifications/message", log).await?;
-                tokio::time::sleep(interval).await;
+                if !interval.is_zero() {
+                    // (A zero sleep still waits for the timer's next millisecond tick.)
+                    tokio::time::sleep(interval).await;
+                }
             }
             Ok(text_result(format!("counted {n}")))
         }
@@ -692,6 +698,15 @@ async fn call_tool(
                 session.send_frame(frame).await?;
             }
             Ok(text_result(format!("emitted {count}")))
+        }
+        "list_changed" => {
+            let count = arg_u64(args, "count", None)?;
+            for _ in 0..count {
+                session
+                    .notify("notifications/tools/list_changed", json!({}))
+                    .await?;
+            }
+            Ok(text_result(format!("sent {count}")))
         }
         "misbehave" => {
             let kind = args.get("kind").and_then(Value::as_str).unwrap_or_default();
@@ -985,6 +1000,7 @@ mod tests {
                 json!("count"),
                 json!("echo"),
                 json!("emit"),
+                json!("list_changed"),
                 json!("misbehave")
             ]
         );

@@ -658,7 +658,8 @@ mod tests {
         );
         let cfg = crate::identity::AuthConfig::default();
         let forged = keys.identity(&cfg, &headers, None);
-        let peer = Some(std::net::IpAddr::from([127, 0, 0, 9]));
+        let ip = std::net::IpAddr::from([127, 0, 0, 9]);
+        let peer = Some(ip);
         let c = |identity, verified, peer| Caller {
             identity,
             verified,
@@ -666,8 +667,8 @@ mod tests {
         };
         // Header values count under the address they came from; a certificate (or a JWT
         // principal) counts as itself wherever it comes from.
-        assert_eq!(c(forged, None, peer).owner(), Owner::Peer(peer.unwrap()));
-        assert_eq!(c(None, None, peer).owner(), Owner::Peer(peer.unwrap()));
+        assert_eq!(c(forged, None, peer).owner(), Owner::Peer(ip));
+        assert_eq!(c(None, None, peer).owner(), Owner::Peer(ip));
         assert_eq!(c(forged, Some(cert), peer).owner(), Owner::Identity(cert));
         // In-process callers have no address: the identity is all there is.
         assert_eq!(

@@ -19,7 +19,9 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
+use super::pool::Who;
 use crate::identity::Identity;
+use crate::session::Owner;
 use crate::sse::encode;
 
 /// The `_meta` key that tags notifications with their subscription.
@@ -78,18 +80,35 @@ impl Filter {
     }
 }
 
+/// Notifications queued per listen before it counts as fallen behind.
+const QUEUE: usize = 256;
+
 struct Listener {
-    identity: Option<Identity>,
+    who: Who,
+    owner: Owner,
     sub_id: Value,
     filter: Filter,
     tx: mpsc::Sender<Bytes>,
 }
 
+/// Why a listen's inbox ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Closed {
+    /// Its client cancelled it, or the proxy drains: a graceful end.
+    Ended,
+    /// Its reader fell [`QUEUE`] notifications behind: it is ended loudly rather than skip one.
+    FellBehind,
+}
+
 /// The live listens.
-#[derive(Default)]
 pub struct Hub {
     listeners: Mutex<HashMap<u64, Listener>>,
+    /// Listens ended because their reader fell behind (their tasks read it once).
+    behind: Mutex<HashSet<u64>>,
     next: AtomicU64,
+    /// Most live listens of one owner (`modern.max_per_identity`).
+    max_per_owner: usize,
+    dropped: prometheus::IntCounter,
 }
 
 impl std::fmt::Debug for Hub {
@@ -98,7 +117,7 @@ impl std::fmt::Debug for Hub {
     }
 }
 
-fn same(a: Option<&Identity>, b: Option<&Identity>) -> bool {
+fn same_identity(a: Option<&Identity>, b: Option<&Identity>) -> bool {
     match (a, b) {
         (None, None) => true,
         (Some(a), Some(b)) => a.matches(b),
@@ -133,34 +152,99 @@ pub struct Registration<'a> {
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.hub.lock().remove(&self.n);
+        self.hub
+            .behind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.n);
     }
 }
 
 impl Hub {
+    /// No listens yet; `max_per_owner` bounds each owner's; `dropped` counts the notifications
+    /// that ended a listen whose reader fell behind.
+    pub fn new(max_per_owner: usize, dropped: prometheus::IntCounter) -> Self {
+        Self {
+            listeners: Mutex::new(HashMap::new()),
+            behind: Mutex::new(HashSet::new()),
+            next: AtomicU64::new(0),
+            max_per_owner,
+            dropped,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Listener>> {
         self.listeners.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Registers a listen; its notifications arrive on the returned receiver, which ends when the
-    /// listen is closed by [`Hub::close`].
+    /// Registers a listen of `who`, counted against `owner`; its notifications arrive on the
+    /// returned receiver, which ends when the listen is closed ([`Hub::close`], or its reader fell
+    /// behind: [`Hub::closed`] tells which). `None` when `owner` already has
+    /// `modern.max_per_identity` live listens.
     pub fn register(
         &self,
-        identity: Option<Identity>,
+        who: Who,
+        owner: Owner,
         sub_id: Value,
         filter: Filter,
-    ) -> (u64, mpsc::Receiver<Bytes>) {
+    ) -> Option<(u64, mpsc::Receiver<Bytes>)> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(256);
-        self.lock().insert(
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let mut l = self.lock();
+        let held = l.values().filter(|x| x.owner == owner).count();
+        if owner != Owner::Unknown && held >= self.max_per_owner {
+            return None;
+        }
+        l.insert(
             n,
             Listener {
-                identity,
+                who,
+                owner,
                 sub_id,
                 filter,
                 tx,
             },
         );
-        (n, rx)
+        Some((n, rx))
+    }
+
+    /// May `owner` open another listen now? (Checked again, atomically, by [`Hub::register`].)
+    pub fn room_for(&self, owner: Owner) -> bool {
+        owner == Owner::Unknown
+            || self.lock().values().filter(|x| x.owner == owner).count() < self.max_per_owner
+    }
+
+    /// Why listen `n`'s inbox ended (asked once, after it did).
+    pub fn closed(&self, n: u64) -> Closed {
+        let behind = self
+            .behind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
+        if behind {
+            Closed::FellBehind
+        } else {
+            Closed::Ended
+        }
+    }
+
+    /// Queues `frame` for listener `n`; a listener whose queue is full is removed (its stream
+    /// ends loudly) rather than silently miss a notification.
+    fn offer(&self, l: &mut HashMap<u64, Listener>, n: u64, frame: Bytes) {
+        let Some(x) = l.get(&n) else { return };
+        if let Err(mpsc::error::TrySendError::Full(_)) = x.tx.try_send(frame) {
+            l.remove(&n);
+            self.dropped.inc();
+            self.behind
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(n);
+            tracing::warn!(
+                listen = n,
+                queued = QUEUE,
+                "a subscriptions/listen reader fell behind: its stream is ended with an error"
+            );
+        }
     }
 
     /// A guard that deregisters listen `n` when dropped.
@@ -178,12 +262,12 @@ impl Hub {
         self.len() == 0
     }
 
-    /// Ends the listens of `identity` whose subscription id is `sub_id` (the client posted
+    /// Ends the listens of `who` whose subscription id is `sub_id` (the client posted
     /// `notifications/cancelled` for it). Returns how many.
-    pub fn close(&self, identity: Option<&Identity>, sub_id: &Value) -> usize {
+    pub fn close(&self, who: &Who, sub_id: &Value) -> usize {
         let mut l = self.lock();
         let before = l.len();
-        l.retain(|_, x| !(same(x.identity.as_ref(), identity) && &x.sub_id == sub_id));
+        l.retain(|_, x| !(x.who.same(who) && &x.sub_id == sub_id));
         before - l.len()
     }
 
@@ -192,31 +276,42 @@ impl Hub {
         self.lock().clear();
     }
 
-    /// An upstream notification for the listens of `identity` that opted in.
-    pub fn upstream_notification(&self, identity: Option<&Identity>, method: &str, params: &Value) {
+    /// An upstream notification (of an upstream session of `who`) for the listens of `who`
+    /// that opted in.
+    pub fn upstream_notification(&self, who: &Who, method: &str, params: &Value) {
         let mut params = params.clone();
         if let Some(p) = params.as_object_mut() {
             p.remove("_meta");
         }
-        for x in self.lock().values() {
-            if same(x.identity.as_ref(), identity) && x.filter.wants(method, &params) {
-                let _ = x.tx.try_send(frame(&tagged(method, &params, &x.sub_id)));
-            }
+        let mut l = self.lock();
+        let to: Vec<(u64, Bytes)> = l
+            .iter()
+            .filter(|(_, x)| x.who.same(who) && x.filter.wants(method, &params))
+            .map(|(n, x)| (*n, frame(&tagged(method, &params, &x.sub_id))))
+            .collect();
+        for (n, f) in to {
+            self.offer(&mut l, n, f);
         }
     }
 
-    /// A task's new state for the listens of `identity` subscribed to it.
+    /// A task's new state for the listens subscribed to it: of its identity (a task created
+    /// without one answers whoever has its id, so does its listen).
     pub fn task_notification(&self, identity: Option<&Identity>, task_id: &str, task: &Value) {
-        for x in self.lock().values() {
-            let wants = x
-                .filter
-                .task_ids
-                .as_ref()
-                .is_some_and(|t| t.contains(task_id));
-            if wants && same(x.identity.as_ref(), identity) {
-                let _ =
-                    x.tx.try_send(frame(&tagged("notifications/tasks", task, &x.sub_id)));
-            }
+        let mut l = self.lock();
+        let to: Vec<(u64, Bytes)> = l
+            .iter()
+            .filter(|(_, x)| {
+                let wants = x
+                    .filter
+                    .task_ids
+                    .as_ref()
+                    .is_some_and(|t| t.contains(task_id));
+                wants && same_identity(x.who.identity(), identity)
+            })
+            .map(|(n, x)| (*n, frame(&tagged("notifications/tasks", task, &x.sub_id))))
+            .collect();
+        for (n, f) in to {
+            self.offer(&mut l, n, f);
         }
     }
 }

@@ -45,8 +45,8 @@ use crate::metrics::Metrics;
 use crate::stream::SseBody;
 use listen::{Filter, Hub};
 use mrtr::{Binding, Mrtr, Pending};
-use pool::{Pool, PoolSettings, UpCall, UpMsg};
-use tasks::{TaskMode, Tasks};
+use pool::{Pool, PoolSettings, UpCall, UpMsg, Who};
+use tasks::{TaskLimits, TaskMode, Tasks};
 use wire::{Inbound, Refusal};
 
 /// The protocol version this face speaks.
@@ -74,6 +74,12 @@ pub struct ModernConfig {
     pub cache_ttl_ms: u64,
     /// Seconds a parked MRTR call waits for the client's retry (the `requestState` lifetime).
     pub input_ttl_secs: u64,
+    /// Most upstream sessions of the pool, most live listens and most running tasks one owner
+    /// may hold (each counted on its own): a verified identity, else one peer address.
+    pub max_per_identity: usize,
+    /// Seconds a `subscriptions/listen` stream lasts; then it ends gracefully (the client listens
+    /// again).
+    pub listen_max_secs: u64,
 }
 
 impl Default for ModernConfig {
@@ -84,12 +90,17 @@ impl Default for ModernConfig {
             pool_wait_secs: 10,
             cache_ttl_ms: 0,
             input_ttl_secs: 300,
+            max_per_identity: 8,
+            listen_max_secs: 3600,
         }
     }
 }
 
 /// Methods whose requests may carry MRTR rounds (and lease an upstream session exclusively).
 const MRTR_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
+/// Frames queued for one client SSE stream of this face (each at most one upstream message,
+/// `upstream.max_event_bytes`): a slow reader holds the upstream back, never grows memory.
+const STREAM_FRAMES: usize = 32;
 /// The most resource URIs one `subscriptions/listen` subscribes to (the rest are not honoured).
 const MAX_SUBSCRIPTIONS: usize = 256;
 /// Methods whose results are `CacheableResult`s.
@@ -142,15 +153,29 @@ impl Modern {
         metrics: Metrics,
         drain: watch::Receiver<bool>,
     ) -> Arc<Self> {
-        let hub = Arc::new(Hub::default());
+        let hub = Arc::new(Hub::new(
+            cfg.modern.max_per_identity,
+            metrics.dropped_counter("slow_reader"),
+        ));
         let set = PoolSettings {
             max_sessions: cfg.modern.pool_max_sessions,
+            max_per_owner: cfg.modern.max_per_identity,
             idle: Duration::from_secs(cfg.modern.pool_idle_secs),
             wait: Duration::from_secs(cfg.modern.pool_wait_secs),
         };
         let up = crate::upstream::UpstreamSettings::from_config(&cfg);
         let pool = Pool::new(set, up, hub.clone(), metrics.pool_sessions.clone());
-        let tasks = Tasks::new(cfg.tasks.clone(), log, hub.clone(), metrics.tasks.clone());
+        let limits = TaskLimits {
+            max_running: cfg.sessions.max_sessions,
+            max_per_owner: cfg.modern.max_per_identity,
+        };
+        let tasks = Tasks::new(
+            cfg.tasks.clone(),
+            limits,
+            log,
+            hub.clone(),
+            metrics.tasks.clone(),
+        );
         Arc::new(Self {
             mrtr: Mrtr::new(Duration::from_secs(cfg.modern.input_ttl_secs)),
             keepalive: cfg.keepalive(),
@@ -361,12 +386,17 @@ fn lost(id: &Value) -> Value {
 
 fn upstream_unavailable(id: &Value, e: &crate::error::Error) -> Resp {
     tracing::warn!(error = %crate::error::chain(e), "no upstream session for a 2026-07-28 request");
+    // A full pool (or the caller's full share of it) is not the upstream's fault: say which.
+    let reason = match e {
+        crate::error::Error::Capacity(_) => "capacity",
+        _ => "upstream_unavailable",
+    };
     rpc_error(
         200,
         id,
         -32603,
         &format!("upstream unavailable: {e}"),
-        Some(json!({"reason": "upstream_unavailable"})),
+        Some(json!({"reason": reason})),
     )
 }
 
@@ -416,22 +446,23 @@ impl Modern {
         body: &Bytes,
     ) -> Resp {
         let inb = match wire::validate(h, header_version, body) {
-            Ok(wire::Checked::Request(inb)) => inb,
+            Ok(wire::Checked::Request(inb)) => *inb,
             Ok(wire::Checked::Notification { method, request_id }) => {
                 if method == "notifications/cancelled" {
                     if let Some(rid) = request_id {
-                        self.hub.close(caller.identity.as_ref(), &rid);
+                        // Only the sender's own listens: an anonymous caller's, by address.
+                        self.hub.close(&Who::of(caller.identity, caller.peer), &rid);
                     }
                 }
                 return crate::facade::plain(202, "text/plain", Bytes::new());
             }
             Err((id, r)) => return refusal_resp(&id, r),
         };
-        let inb = inb.with_identity(caller.identity);
+        let inb = inb.with_caller(caller);
         match inb.method.as_str() {
             "server/discover" => self.discover(&inb).await,
             "subscriptions/listen" => self.listen(&inb).await,
-            "tasks/get" | "tasks/update" | "tasks/cancel" => self.task_method(&inb),
+            "tasks/get" | "tasks/update" | "tasks/cancel" => self.task_method(&inb).await,
             _ => self.forward(inb).await,
         }
     }
@@ -439,7 +470,7 @@ impl Modern {
     async fn discover(self: &Arc<Self>, inb: &Inbound) -> Resp {
         let init = match self.pool.latest_init() {
             Some(i) => i,
-            None => match self.pool.lease(&inb.key, false).await {
+            None => match self.pool.lease(&inb.key, inb.owner, false).await {
                 Ok(l) => l.session.init.get().cloned().unwrap_or_default(),
                 Err(e) => return upstream_unavailable(&inb.id, &e),
             },
@@ -467,7 +498,7 @@ impl Modern {
         json_resp(200, &result_msg(&inb.id, r))
     }
 
-    fn task_method(self: &Arc<Self>, inb: &Inbound) -> Resp {
+    async fn task_method(self: &Arc<Self>, inb: &Inbound) -> Resp {
         let id = inb.string(|f| f.task_id).unwrap_or_default();
         let id = id.as_str();
         let who = inb.identity.as_ref();
@@ -494,14 +525,14 @@ impl Modern {
                     .responses()
                     .flatten()
                     .unwrap_or_else(|| mrtr::Responses::new(Bytes::from_static(b"{}")));
-                if self.tasks.update(who, id, responses) {
+                if self.tasks.update(who, id, responses).await {
                     ack()
                 } else {
                     not_found()
                 }
             }
             _ => {
-                if self.tasks.cancel(who, id) {
+                if self.tasks.cancel(who, id).await {
                     ack()
                 } else {
                     not_found()
@@ -556,7 +587,7 @@ impl Modern {
                 (parked.call, parked.next_key)
             }
             None => {
-                let call = match self.pool.call(&inb.key, mrtr_ok).await {
+                let call = match self.pool.call(&inb.key, inb.owner, mrtr_ok).await {
                     Ok(c) => c,
                     Err(e) => return upstream_unavailable(&inb.id, &e),
                 };
@@ -583,7 +614,7 @@ impl Modern {
                 Ended::Gone => crate::facade::plain(499, "text/plain", Bytes::new()),
             };
         }
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(STREAM_FRAMES);
         let me = self.clone();
         tokio::spawn(async move {
             let sink = Some(tx.clone());
@@ -777,10 +808,14 @@ impl Modern {
         server_info: &Option<Value>,
     ) -> Result<Ended, UpCall> {
         let tool = inb.string(|f| f.name).unwrap_or_default();
-        match self.tasks.begin(inb.identity, &tool).await {
+        match self.tasks.begin(inb.identity, inb.owner, &tool).await {
             Ok(t) => {
                 let r = self.tasks.start(t, call, server_info.clone());
                 Ok(Ended::Answer(result_msg(&inb.id, r)))
+            }
+            Err(e @ crate::error::Error::Capacity(_)) => {
+                tracing::info!(error = %e, "no room for a task; the call goes on without one");
+                Err(call)
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot create a task; the call goes on without one");
@@ -789,13 +824,28 @@ impl Modern {
         }
     }
 
+    fn too_many_listens(&self, id: &Value) -> Resp {
+        let max = self.cfg.modern.max_per_identity;
+        rpc_error(
+            200,
+            id,
+            -32603,
+            &format!("this caller has {max} live listens (modern.max_per_identity)"),
+            Some(json!({"reason": "capacity"})),
+        )
+    }
+
     async fn listen(self: &Arc<Self>, inb: &Inbound) -> Resp {
         let want = inb.wanted();
         let task_ids = want.task_ids.filter(|r| r.get().starts_with('['));
         if task_ids.is_some() && !inb.tasks {
             return refusal_resp(&inb.id, Refusal::missing_tasks());
         }
-        let lease = match self.pool.lease(&inb.key, false).await {
+        if !self.hub.room_for(inb.owner) {
+            // Before any upstream work: refused listens open no upstream session.
+            return self.too_many_listens(&inb.id);
+        }
+        let lease = match self.pool.lease(&inb.key, inb.owner, false).await {
             Ok(l) => l,
             Err(e) => return upstream_unavailable(&inb.id, &e),
         };
@@ -841,40 +891,61 @@ impl Modern {
         }
         let server_info = init.get("serverInfo").cloned();
         let sub_id = inb.id.clone();
-        let (n, mut inbox) = self
-            .hub
-            .register(inb.identity, sub_id.clone(), filter.clone());
-        let (tx, rx) = mpsc::channel(64);
+        let Some((n, mut inbox)) =
+            self.hub
+                .register(inb.who, inb.owner, sub_id.clone(), filter.clone())
+        else {
+            for uri in &filter.resource_uris {
+                lease.session.unsubscribe(uri).await;
+            }
+            return self.too_many_listens(&inb.id);
+        };
+        let (tx, rx) = mpsc::channel(STREAM_FRAMES);
         let me = self.clone();
         let pinned = lease.pin();
         let uris = filter.resource_uris.clone();
+        let lifetime = Duration::from_secs(self.cfg.modern.listen_max_secs);
         tokio::spawn(async move {
             let registered = me.hub.guard(n);
             let mut drain = me.drain.clone();
-            let mut keepalive =
-                tokio::time::interval_at(tokio::time::Instant::now() + me.keepalive, me.keepalive);
-            let graceful = async {
+            let started = tokio::time::Instant::now();
+            let mut keepalive = tokio::time::interval_at(started + me.keepalive, me.keepalive);
+            let ended = async {
                 if tx.send(listen::ack(&filter, &sub_id)).await.is_err() {
-                    return false;
+                    return None;
                 }
                 loop {
                     tokio::select! {
                         m = inbox.recv() => match m {
-                            Some(b) => if tx.send(b).await.is_err() { return false },
-                            None => return true,
+                            Some(b) => if tx.send(b).await.is_err() { return None },
+                            None => return Some(me.hub.closed(n)),
                         },
                         _ = keepalive.tick() => {
                             if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
-                                return false;
+                                return None;
                             }
                         }
-                        _ = tx.closed() => return false,
-                        _ = draining(&mut drain) => return true,
+                        _ = tx.closed() => return None,
+                        _ = draining(&mut drain) => return Some(listen::Closed::Ended),
+                        // `modern.listen_max_secs`: a graceful end; the client listens again.
+                        _ = tokio::time::sleep_until(started + lifetime) => {
+                            return Some(listen::Closed::Ended);
+                        }
                     }
                 }
             };
-            if graceful.await {
-                let _ = tx.send(listen::end(&sub_id, server_info.as_ref())).await;
+            let last = match ended.await {
+                Some(listen::Closed::Ended) => Some(listen::end(&sub_id, server_info.as_ref())),
+                Some(listen::Closed::FellBehind) => Some(listen::frame(&error_msg(
+                    &sub_id,
+                    -32603,
+                    "listen ended: its reader fell behind the notifications queued for it",
+                    Some(json!({"reason": "slow_reader"})),
+                ))),
+                None => None,
+            };
+            if let Some(last) = last {
+                let _ = tx.send(last).await;
             }
             drop(registered);
             for uri in &uris {

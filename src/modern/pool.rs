@@ -20,6 +20,7 @@
 //! to the [`Hub`] of listen streams. Idle sessions close after `modern.pool_idle_secs`.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -34,6 +35,7 @@ use tokio::time::Instant;
 use super::listen::Hub;
 use crate::error::{Error, Result};
 use crate::identity::Identity;
+use crate::session::Owner;
 use crate::upstream::{
     self, HttpClient, UpstreamItem, UpstreamLink, UpstreamReader, UpstreamSettings,
 };
@@ -41,19 +43,57 @@ use crate::upstream::{
 /// The protocol version the proxy asks the upstream for (the newest the legacy face knows).
 pub const UPSTREAM_VERSION: &str = "2025-11-25";
 
+/// Who a 2026-07-28 request is from, as far as upstream state goes: its identity, or for an
+/// anonymous caller its address. Anonymous callers at different addresses never share an upstream
+/// session, nor each other's notifications, nor can one end the other's listens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Who {
+    /// An identified caller.
+    Identity(Identity),
+    /// An anonymous caller, by peer address (`None`: in-process callers, tests).
+    Anonymous(Option<IpAddr>),
+}
+
+impl Who {
+    /// `identity`, or the anonymous caller at `peer`.
+    pub fn of(identity: Option<Identity>, peer: Option<IpAddr>) -> Self {
+        match identity {
+            Some(i) => Who::Identity(i),
+            None => Who::Anonymous(peer),
+        }
+    }
+
+    /// The identity, if any.
+    pub fn identity(&self) -> Option<&Identity> {
+        match self {
+            Who::Identity(i) => Some(i),
+            Who::Anonymous(_) => None,
+        }
+    }
+
+    /// The same caller (identities compared without an early exit).
+    pub fn same(&self, other: &Who) -> bool {
+        match (self, other) {
+            (Who::Identity(a), Who::Identity(b)) => a.matches(b),
+            (Who::Anonymous(a), Who::Anonymous(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
 /// What the pool is keyed by: who is asking, and what their client can do.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PoolKey {
-    /// The caller's identity (`None`: anonymous callers share anonymous sessions).
-    pub identity: Option<Identity>,
+    /// The caller.
+    pub who: Who,
     /// The client capabilities the upstream must know, as compact JSON with sorted keys.
     pub caps: String,
 }
 
 impl PoolKey {
-    /// The key for `identity` and a request's declared client capabilities: only what a legacy
+    /// The key for `who` and a request's declared client capabilities: only what a legacy
     /// server can act on (`sampling`, `elicitation`, `roots`) is kept.
-    pub fn new(identity: Option<Identity>, caps: &Value) -> Self {
+    pub fn new(who: Who, caps: &Value) -> Self {
         let mut m = Map::new();
         for k in ["sampling", "elicitation", "roots"] {
             if let Some(v) = caps.get(k).filter(|v| v.is_object()) {
@@ -62,7 +102,7 @@ impl PoolKey {
         }
         // serde_json's map is ordered by key: equal capabilities give equal keys.
         Self {
-            identity,
+            who,
             caps: Value::Object(m).to_string(),
         }
     }
@@ -96,8 +136,13 @@ pub enum UpMsg {
     Lost,
 }
 
+/// Upstream messages queued per request before the session's pump waits for it to read them:
+/// a slow reader holds back its upstream session (and, through it, the upstream), never grows
+/// memory. Each message is at most `upstream.max_event_bytes`.
+const ROUTE_QUEUE: usize = 16;
+
 struct Route {
-    tx: mpsc::UnboundedSender<UpMsg>,
+    tx: mpsc::Sender<UpMsg>,
 }
 
 struct State {
@@ -119,6 +164,8 @@ pub struct UpSession {
     /// Pool-local number (for logs).
     pub n: u64,
     key: PoolKey,
+    /// Who it counts against (`modern.max_per_identity`).
+    owner: Owner,
     link: UpstreamLink,
     /// The upstream's `initialize` result (set once, before the session is shared).
     pub init: std::sync::OnceLock<Value>,
@@ -144,13 +191,13 @@ impl UpSession {
     }
 
     /// Registers a request and returns its upstream id and the channel of its messages.
-    fn route(&self, lease_holder: bool) -> (u64, mpsc::UnboundedReceiver<UpMsg>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+    fn route(&self, lease_holder: bool) -> (u64, mpsc::Receiver<UpMsg>) {
+        let (tx, rx) = mpsc::channel(ROUTE_QUEUE);
         let mut st = self.lock();
         st.next_id += 1;
         let id = st.next_id;
         if st.dead {
-            let _ = tx.send(UpMsg::Lost);
+            let _ = tx.try_send(UpMsg::Lost);
         }
         st.routes.insert(id, Route { tx });
         if lease_holder {
@@ -299,7 +346,9 @@ impl UpSession {
             st.routes.drain().map(|(_, r)| r).collect()
         };
         for r in routes {
-            let _ = r.tx.send(UpMsg::Lost);
+            // A full queue ends with the sender dropped here: its reader sees `None`, which
+            // means the same.
+            let _ = r.tx.try_send(UpMsg::Lost);
         }
         if let Some(p) = self.pump.lock().unwrap_or_else(|e| e.into_inner()).take() {
             // Dropping the reader closes the upstream GET: the upstream session ends.
@@ -319,7 +368,7 @@ impl UpSession {
                 let route = id.as_u64().and_then(|n| self.lock().routes.remove(&n));
                 match route {
                     Some(r) => {
-                        let _ = r.tx.send(UpMsg::Response(msg));
+                        let _ = r.tx.send(UpMsg::Response(msg)).await;
                     }
                     None => {
                         tracing::debug!(
@@ -346,7 +395,7 @@ impl UpSession {
                 );
                 match holder.filter(|_| known) {
                     Some(tx) => {
-                        let _ = tx.send(UpMsg::Input { id, method, params });
+                        let _ = tx.send(UpMsg::Input { id, method, params }).await;
                     }
                     None => {
                         // No client request to carry it (an upstream asking right after
@@ -365,32 +414,38 @@ impl UpSession {
                 match method.as_str() {
                     "notifications/progress" => {
                         let token = params.get("progressToken").and_then(Value::as_u64);
-                        let st = self.lock();
-                        if let Some(r) = token.and_then(|t| st.routes.get(&t)) {
-                            let _ = r.tx.send(UpMsg::Progress(params));
+                        let tx = {
+                            let st = self.lock();
+                            token.and_then(|t| st.routes.get(&t)).map(|r| r.tx.clone())
+                        };
+                        if let Some(tx) = tx {
+                            let _ = tx.send(UpMsg::Progress(params)).await;
                         }
                     }
                     "notifications/message" => {
-                        let st = self.lock();
-                        // Attributable only when exactly one request is in flight.
-                        if st.routes.len() == 1 {
-                            if let Some(r) = st.routes.values().next() {
-                                let _ = r.tx.send(UpMsg::Log(params));
-                            }
+                        let tx = {
+                            let st = self.lock();
+                            // Attributable only when exactly one request is in flight.
+                            (st.routes.len() == 1)
+                                .then(|| st.routes.values().next().map(|r| r.tx.clone()))
+                                .flatten()
+                        };
+                        if let Some(tx) = tx {
+                            let _ = tx.send(UpMsg::Log(params)).await;
                         }
                     }
                     "notifications/cancelled" => {
                         let rid = params.get("requestId").and_then(Value::as_u64);
                         let route = rid.and_then(|n| self.lock().routes.remove(&n));
                         if let Some(r) = route {
-                            let _ = r.tx.send(UpMsg::Cancelled);
+                            let _ = r.tx.send(UpMsg::Cancelled).await;
                         }
                     }
                     "notifications/tools/list_changed"
                     | "notifications/prompts/list_changed"
                     | "notifications/resources/list_changed"
                     | "notifications/resources/updated" => {
-                        hub.upstream_notification(self.key.identity.as_ref(), &method, &params);
+                        hub.upstream_notification(&self.key.who, &method, &params);
                     }
                     _ => {}
                 }
@@ -465,7 +520,7 @@ pub struct UpCall {
     /// Its upstream id (also its upstream progress token).
     pub upstream_id: u64,
     /// Its messages.
-    pub rx: mpsc::UnboundedReceiver<UpMsg>,
+    pub rx: mpsc::Receiver<UpMsg>,
     done: bool,
 }
 
@@ -518,6 +573,8 @@ impl Drop for UpCall {
 pub struct PoolSettings {
     /// Most upstream sessions open at once.
     pub max_sessions: usize,
+    /// Most upstream sessions one owner may hold (`modern.max_per_identity`).
+    pub max_per_owner: usize,
     /// An upstream session with nothing in flight closes after this long.
     pub idle: Duration,
     /// How long a request waits for a session when the pool is full.
@@ -531,8 +588,8 @@ pub struct Pool {
     client: HttpClient,
     hub: Arc<Hub>,
     sessions: Mutex<Vec<Arc<UpSession>>>,
-    /// Sessions being opened (count toward the bound).
-    opening: Mutex<usize>,
+    /// Sessions being opened (count toward the bounds), by owner.
+    opening: Mutex<HashMap<Owner, usize>>,
     freed: Notify,
     next: AtomicU64,
     gauge: IntGauge,
@@ -560,7 +617,7 @@ impl Pool {
             upstream,
             hub,
             sessions: Mutex::new(Vec::new()),
-            opening: Mutex::new(0),
+            opening: Mutex::new(HashMap::new()),
             freed: Notify::new(),
             next: AtomicU64::new(0),
             gauge,
@@ -590,14 +647,20 @@ impl Pool {
         self.len() == 0
     }
 
-    /// Starts a request on a session for `key`: exclusive (the session is leased to it alone),
-    /// or shared. Opens a session when none fits, waiting up to `modern.pool_wait_secs` when the
-    /// pool is full of busy sessions.
+    /// Starts a request on a session for `key`, held by `owner`: exclusive (the session is
+    /// leased to it alone), or shared. Opens a session when none fits, waiting up to
+    /// `modern.pool_wait_secs` when the pool (or the owner's share of it) is full of busy
+    /// sessions.
     ///
     /// # Errors
     /// [`Error::Capacity`] when no session could be had in time; upstream errors of the open.
-    pub async fn call(self: &Arc<Self>, key: &PoolKey, exclusive: bool) -> Result<UpCall> {
-        let lease = self.lease(key, exclusive).await?;
+    pub async fn call(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        owner: Owner,
+        exclusive: bool,
+    ) -> Result<UpCall> {
+        let lease = self.lease(key, owner, exclusive).await?;
         let (upstream_id, rx) = lease.session.route(exclusive);
         Ok(UpCall {
             lease,
@@ -611,13 +674,18 @@ impl Pool {
     ///
     /// # Errors
     /// As [`Pool::call`].
-    pub async fn lease(self: &Arc<Self>, key: &PoolKey, exclusive: bool) -> Result<Lease> {
+    pub async fn lease(
+        self: &Arc<Self>,
+        key: &PoolKey,
+        owner: Owner,
+        exclusive: bool,
+    ) -> Result<Lease> {
         let deadline = Instant::now() + self.set.wait;
         loop {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            match self.try_take(key, exclusive) {
+            let full = match self.try_take(key, owner, exclusive) {
                 Take::Got(session) => {
                     return Ok(Lease {
                         session,
@@ -626,8 +694,8 @@ impl Pool {
                     })
                 }
                 Take::Open => {
-                    let opened = self.open(key).await;
-                    *self.opening.lock().unwrap_or_else(|e| e.into_inner()) -= 1;
+                    let opened = self.open(key, owner).await;
+                    self.opened(owner);
                     let session = opened?;
                     let mut st = session.lock();
                     if exclusive {
@@ -642,19 +710,33 @@ impl Pool {
                         pool: self.clone(),
                     });
                 }
-                Take::Full => {
-                    if tokio::time::timeout_at(deadline, freed).await.is_err() {
-                        return Err(Error::Capacity(format!(
-                            "all {} upstream sessions of the pool are busy (modern.pool_max_sessions)",
-                            self.set.max_sessions
-                        )));
-                    }
-                }
+                Take::Full => format!(
+                    "all {} upstream sessions of the pool are busy (modern.pool_max_sessions)",
+                    self.set.max_sessions
+                ),
+                Take::OwnerFull => format!(
+                    "this caller's {} upstream sessions are all busy (modern.max_per_identity)",
+                    self.set.max_per_owner
+                ),
+            };
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(Error::Capacity(full));
             }
         }
     }
 
-    fn try_take(&self, key: &PoolKey, exclusive: bool) -> Take {
+    /// An open for `owner` is over (its session is in the pool, or it failed).
+    fn opened(&self, owner: Owner) {
+        let mut o = self.opening.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = o.get_mut(&owner) {
+            *n -= 1;
+            if *n == 0 {
+                o.remove(&owner);
+            }
+        }
+    }
+
+    fn try_take(&self, key: &PoolKey, owner: Owner, exclusive: bool) -> Take {
         let mut all = self.sessions();
         all.retain(|s| !s.is_dead());
         self.gauge.set(all.len() as i64);
@@ -681,41 +763,62 @@ impl Pool {
                 return Take::Got(s);
             }
         }
+        let idle = |s: &Arc<UpSession>| {
+            let st = s.lock();
+            !st.leased && st.routes.is_empty() && st.pins == 0
+        };
+        // Counting and taking under the sessions lock: concurrent opens cannot all see the last
+        // slot.
         let mut opening = self.opening.lock().unwrap_or_else(|e| e.into_inner());
-        if all.len() + *opening < self.set.max_sessions {
-            *opening += 1;
-            return Take::Open;
+        let opening_total: usize = opening.values().sum();
+        let mut victim = None;
+        if owner != Owner::Unknown {
+            let held = all.iter().filter(|s| s.owner == owner).count()
+                + opening.get(&owner).copied().unwrap_or(0);
+            if held >= self.set.max_per_owner {
+                // At its share: only one of its own idle sessions can make room (its other keys:
+                // other capabilities, other made-up header values from the same address).
+                let own = all
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.owner == owner && idle(s))
+                    .min_by_key(|(_, s)| s.lock().last_used)
+                    .map(|(i, _)| i);
+                match own {
+                    Some(i) => victim = Some(i),
+                    None => return Take::OwnerFull,
+                }
+            }
         }
-        // Full: close the session idle the longest (any key) to make room.
-        let idle = all
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                let st = s.lock();
-                !st.leased && st.routes.is_empty() && st.pins == 0
-            })
-            .min_by_key(|(_, s)| s.lock().last_used)
-            .map(|(i, _)| i);
-        if let Some(i) = idle {
-            let victim = all.remove(i);
-            tracing::debug!(
-                upstream = victim.n,
-                "idle upstream session closed to make room"
-            );
-            victim.kill();
-            *opening += 1;
-            return Take::Open;
+        if victim.is_none() && all.len() + opening_total >= self.set.max_sessions {
+            // Full: close the session idle the longest (any key) to make room.
+            victim = all
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| idle(s))
+                .min_by_key(|(_, s)| s.lock().last_used)
+                .map(|(i, _)| i);
+            if victim.is_none() {
+                return Take::Full;
+            }
         }
-        Take::Full
+        if let Some(i) = victim {
+            let v = all.remove(i);
+            tracing::debug!(upstream = v.n, "idle upstream session closed to make room");
+            v.kill();
+        }
+        *opening.entry(owner).or_default() += 1;
+        Take::Open
     }
 
     /// Opens and initializes an upstream session for `key`.
-    async fn open(self: &Arc<Self>, key: &PoolKey) -> Result<Arc<UpSession>> {
+    async fn open(self: &Arc<Self>, key: &PoolKey, owner: Owner) -> Result<Arc<UpSession>> {
         let (link, reader) = upstream::connect(&self.upstream, &self.client).await?;
         let n = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let session = Arc::new(UpSession {
             n,
             key: key.clone(),
+            owner,
             link,
             init: std::sync::OnceLock::new(),
             st: Mutex::new(State {
@@ -816,7 +919,10 @@ impl Pool {
 enum Take {
     Got(Arc<UpSession>),
     Open,
+    /// The pool is full of busy sessions.
     Full,
+    /// The owner holds its share, all busy.
+    OwnerFull,
 }
 
 async fn pump(session: Arc<UpSession>, mut reader: UpstreamReader, hub: Arc<Hub>) {

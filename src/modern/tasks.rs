@@ -23,7 +23,7 @@
 //! without identity answer whoever has the id. After `tasks.ttl_secs` from creation a task is
 //! gone: a live one is cancelled, its log removed.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -41,6 +41,7 @@ use crate::error::{Error, Result, StoreError};
 use crate::identity::Identity;
 use crate::log::cursor::SessionId;
 use crate::log::{Health, Kind, Log, NewEvent, SessionLog, StreamTag};
+use crate::session::Owner;
 
 /// The in-flight request id of a task's log (its one request).
 const TASK_REQUEST: &str = "0";
@@ -130,10 +131,12 @@ struct View {
 /// A task running in this process.
 struct Live {
     identity: Option<Identity>,
+    /// Who it counts against (`modern.max_per_identity`).
+    owner: Owner,
     created_ms: u64,
     ttl_ms: u64,
     view: Mutex<View>,
-    ctl: mpsc::UnboundedSender<Ctl>,
+    ctl: mpsc::Sender<Ctl>,
 }
 
 /// A task log created, its handle not returned yet.
@@ -141,6 +144,7 @@ pub struct NewTask {
     sl: Arc<SessionLog>,
     created_ms: u64,
     identity: Option<Identity>,
+    owner: Owner,
 }
 
 impl std::fmt::Debug for NewTask {
@@ -149,13 +153,28 @@ impl std::fmt::Debug for NewTask {
     }
 }
 
+/// How many tasks may run at once.
+#[derive(Clone, Copy, Debug)]
+pub struct TaskLimits {
+    /// In all (`sessions.max_sessions`: a running task holds an upstream request like a session).
+    pub max_running: usize,
+    /// Per owner (`modern.max_per_identity`).
+    pub max_per_owner: usize,
+}
+
 /// The tasks.
 pub struct Tasks {
     cfg: TasksConfig,
+    limits: TaskLimits,
     log: Arc<Log>,
     hub: Arc<Hub>,
     counter: IntCounterVec,
     live: Mutex<HashMap<SessionId, Arc<Live>>>,
+    /// When each task expires (ms since the epoch), earliest first: the janitor reads only what
+    /// is due, not every task each second. Filled by [`Tasks::begin`] and, on the first
+    /// [`Tasks::expire`], from the tasks recovered from the log.
+    deadlines: Mutex<BTreeSet<(u64, SessionId)>>,
+    recovered: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Tasks {
@@ -175,17 +194,25 @@ impl Tasks {
     /// The tasks over `log`.
     pub fn new(
         cfg: TasksConfig,
+        limits: TaskLimits,
         log: Arc<Log>,
         hub: Arc<Hub>,
         counter: IntCounterVec,
     ) -> Arc<Self> {
         Arc::new(Self {
             cfg,
+            limits,
             log,
             hub,
             counter,
             live: Mutex::new(HashMap::new()),
+            deadlines: Mutex::new(BTreeSet::new()),
+            recovered: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    fn deadlines(&self) -> std::sync::MutexGuard<'_, BTreeSet<(u64, SessionId)>> {
+        self.deadlines.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The configuration.
@@ -204,10 +231,33 @@ impl Tasks {
     /// Creates a task durably (steps 1–3 of the module docs), before any handle exists.
     ///
     /// # Errors
-    /// [`Error::Store`] when the log does not take it.
-    pub async fn begin(&self, identity: Option<Identity>, tool: &str) -> Result<NewTask> {
+    /// [`Error::Store`] when the log does not take it; [`Error::Capacity`] when `owner` (or the
+    /// proxy) already runs as many tasks as it may — the call then goes on as a plain request.
+    pub async fn begin(
+        &self,
+        identity: Option<Identity>,
+        owner: Owner,
+        tool: &str,
+    ) -> Result<NewTask> {
         if *self.log.health().borrow() != Health::Ok {
             return Err(Error::Store(StoreError::Unavailable));
+        }
+        {
+            // Counted on what runs: a task being created here is not yet live, so concurrent
+            // creations may pass this check together — by at most the requests in flight.
+            let live = self.lock();
+            if live.len() >= self.limits.max_running {
+                return Err(Error::Capacity(format!(
+                    "{} tasks running (sessions.max_sessions)",
+                    live.len()
+                )));
+            }
+            let mine = live.values().filter(|l| l.owner == owner).count();
+            if owner != Owner::Unknown && mine >= self.limits.max_per_owner {
+                return Err(Error::Capacity(format!(
+                    "this caller runs {mine} tasks (modern.max_per_identity)"
+                )));
+            }
         }
         let id = SessionId::random();
         let sl = self
@@ -235,10 +285,13 @@ impl Tasks {
             let _ = self.log.remove(&id).await;
             return Err(e);
         }
+        self.deadlines()
+            .insert((created_ms.saturating_add(self.ttl_ms()), id));
         Ok(NewTask {
             sl,
             created_ms,
             identity,
+            owner,
         })
     }
 
@@ -249,9 +302,11 @@ impl Tasks {
         call: UpCall,
         server_info: Option<Value>,
     ) -> Value {
-        let (ctl, ctl_rx) = mpsc::unbounded_channel();
+        // Bounded: a client posting `tasks/update` faster than the task takes them waits.
+        let (ctl, ctl_rx) = mpsc::channel(4);
         let live = Arc::new(Live {
             identity: task.identity,
+            owner: task.owner,
             created_ms: task.created_ms,
             ttl_ms: self.ttl_ms(),
             view: Mutex::new(View {
@@ -321,7 +376,7 @@ impl Tasks {
         sl: Arc<SessionLog>,
         live: Arc<Live>,
         mut call: UpCall,
-        mut ctl: mpsc::UnboundedReceiver<Ctl>,
+        mut ctl: mpsc::Receiver<Ctl>,
     ) {
         let id = sl.id;
         let mut next_key = 1u64;
@@ -538,23 +593,25 @@ impl Tasks {
     }
 
     /// `tasks/update`: forwards the responses to outstanding input requests. `false`: no such task.
-    pub fn update(&self, caller: Option<&Identity>, id: &str, responses: Responses) -> bool {
+    pub async fn update(&self, caller: Option<&Identity>, id: &str, responses: Responses) -> bool {
         let Some(sl) = self.find(caller, id) else {
             return false;
         };
-        if let Some(l) = self.lock().get(&sl.id) {
-            let _ = l.ctl.send(Ctl::Update(responses));
+        let ctl = self.lock().get(&sl.id).map(|l| l.ctl.clone());
+        if let Some(ctl) = ctl {
+            let _ = ctl.send(Ctl::Update(responses)).await;
         }
         true
     }
 
     /// `tasks/cancel`: cancels a live task (a finished one stays as it is). `false`: no such task.
-    pub fn cancel(&self, caller: Option<&Identity>, id: &str) -> bool {
+    pub async fn cancel(&self, caller: Option<&Identity>, id: &str) -> bool {
         let Some(sl) = self.find(caller, id) else {
             return false;
         };
-        if let Some(l) = self.lock().get(&sl.id) {
-            let _ = l.ctl.send(Ctl::Cancel);
+        let ctl = self.lock().get(&sl.id).map(|l| l.ctl.clone());
+        if let Some(ctl) = ctl {
+            let _ = ctl.send(Ctl::Cancel).await;
         }
         true
     }
@@ -568,25 +625,42 @@ impl Tasks {
         }
     }
 
-    /// Cancels and removes the tasks past their TTL.
+    /// Cancels and removes the tasks past their TTL: those whose deadline is due (the first call
+    /// also indexes the tasks an earlier run left in the log).
     pub async fn expire(&self) {
+        if !self
+            .recovered
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            for sl in self.log.all() {
+                if sl.facade != Facade::Task || sl.removed() {
+                    continue;
+                }
+                let due = match self.creation(&sl) {
+                    Some((created, ttl, _)) => created.saturating_add(ttl),
+                    // Unreadable creation (trimmed, or a crash between create and the event):
+                    // kept no longer than the configured TTL from its meta time.
+                    None => (sl.meta().created_unix * 1000).saturating_add(self.ttl_ms()),
+                };
+                self.deadlines().insert((due, sl.id));
+            }
+        }
         let now = now_ms();
-        for sl in self.log.all() {
-            if sl.facade != Facade::Task || sl.removed() {
-                continue;
-            }
-            let expired = match self.creation(&sl) {
-                Some((created, ttl, _)) => created.saturating_add(ttl) <= now,
-                // Unreadable creation (trimmed, or a crash between create and the event): keep
-                // it no longer than the configured TTL from its meta time.
-                None => (sl.meta().created_unix * 1000).saturating_add(self.ttl_ms()) <= now,
+        loop {
+            let next = {
+                let mut d = self.deadlines();
+                match d.first().copied() {
+                    Some(first) if first.0 <= now => d.pop_first(),
+                    _ => None,
+                }
             };
-            if !expired {
+            let Some((_, id)) = next else { break };
+            let Some(sl) = self.log.get(&id).filter(|sl| !sl.removed()) else {
                 continue;
-            }
+            };
             let live = self.lock().remove(&sl.id);
             if let Some(l) = live {
-                let _ = l.ctl.send(Ctl::Cancel);
+                let _ = l.ctl.send(Ctl::Cancel).await;
                 // Let it write its end before the log goes.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }

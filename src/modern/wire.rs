@@ -16,9 +16,11 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::mrtr::Responses;
-use super::pool::PoolKey;
+use super::pool::{PoolKey, Who};
 use super::{level_rank, MODERN_VERSION, SERVED_VERSIONS, TASKS_EXT};
+use crate::facade::Caller;
 use crate::identity::Identity;
+use crate::session::Owner;
 
 /// `_meta` key: the protocol version of a request.
 pub const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
@@ -229,15 +231,21 @@ pub struct Inbound {
     pub tasks: bool,
     /// The caller's identity.
     pub identity: Option<Identity>,
+    /// The caller, for upstream state (anonymous callers by address).
+    pub who: Who,
+    /// Who its upstream sessions, listens and tasks count against (`modern.max_per_identity`).
+    pub owner: Owner,
     /// Its pool key.
     pub key: PoolKey,
 }
 
 impl Inbound {
-    /// With the caller's identity (and the pool key that goes with it).
-    pub fn with_identity(mut self, identity: Option<Identity>) -> Self {
-        self.identity = identity;
-        self.key = PoolKey::new(identity, &self.caps);
+    /// From `caller` (and with the pool key that goes with it).
+    pub fn with_caller(mut self, caller: &Caller) -> Self {
+        self.identity = caller.identity;
+        self.who = Who::of(caller.identity, caller.peer);
+        self.owner = caller.owner();
+        self.key = PoolKey::new(self.who, &self.caps);
         self
     }
 
@@ -285,7 +293,7 @@ fn empty_object() -> &'static RawValue {
 #[derive(Debug)]
 pub enum Checked {
     /// A request.
-    Request(Inbound),
+    Request(Box<Inbound>),
     /// A notification.
     Notification {
         /// Its method.
@@ -598,17 +606,19 @@ pub fn validate(
         .as_deref()
         .and_then(level_rank);
     let progress = meta.progress.and_then(crate::jsonrpc::scalar);
-    Ok(Checked::Request(Inbound {
+    Ok(Checked::Request(Box::new(Inbound {
         id,
         method: method.to_string(),
-        key: PoolKey::new(None, &caps),
+        key: PoolKey::new(Who::Anonymous(None), &caps),
         caps,
         params,
         log_level,
         progress,
         tasks,
         identity: None,
-    }))
+        who: Who::Anonymous(None),
+        owner: Owner::Unknown,
+    })))
 }
 
 fn unsupported(requested: &str) -> Refusal {

@@ -72,7 +72,8 @@ REFUSAL_REASONS = (
 ENDED_REASONS = ("client_delete", "idle_timeout", "upstream_lost", "shutdown", "evicted", "store_error")
 FACADES = ("legacy", "streamable")
 # src/metrics.rs DROPPED_REASONS and REJECT_REASONS, src/modern/tasks.rs TASK_STATUSES.
-DROPPED_REASONS = ("oversized_event", "bad_event", "late_response", "non_message_event", "reader_trimmed")
+DROPPED_REASONS = ("oversized_event", "bad_event", "late_response", "non_message_event", "reader_trimmed",
+                   "slow_reader")
 REJECT_REASONS = ("origin_not_allowed", "host_not_allowed", "identity_required", "unsupported_media_type")
 TASK_STATUSES = ("created", "completed", "failed", "cancelled", "expired")
 
@@ -116,7 +117,8 @@ CONFIG_KEYS = {
         "algorithms", "resource_metadata_url",
     ],
     "tls": ["cert_file", "key_file", "client_ca_file", "reload_secs"],
-    "modern": ["pool_max_sessions", "pool_idle_secs", "pool_wait_secs", "cache_ttl_ms", "input_ttl_secs"],
+    "modern": ["pool_max_sessions", "pool_idle_secs", "pool_wait_secs", "cache_ttl_ms", "input_ttl_secs",
+               "max_per_identity", "listen_max_secs"],
     "tasks": ["mode", "after_ms", "ttl_secs", "poll_interval_ms"],
 }
 # The proxy's defaults. None: an optional key without a default (a file path), absent from the
@@ -178,6 +180,8 @@ CONFIG_DEFAULTS = {
         "pool_wait_secs": 10,
         "cache_ttl_ms": 0,
         "input_ttl_secs": 300,
+        "max_per_identity": 8,
+        "listen_max_secs": 3600,
     },
     "tasks": {"mode": "after", "after_ms": 1000, "ttl_secs": 3600, "poll_interval_ms": 1000},
 }

@@ -53,7 +53,7 @@ impl Target {
     }
 
     /// The same target, reached from another loopback address (another peer, for the proxy).
-    pub fn from_peer(&self, ip: &str) -> Target {
+    pub fn via_peer(&self, ip: &str) -> Target {
         let ip: std::net::IpAddr = ip.parse().expect("an address");
         assert!(ip.is_loopback(), "tests stay on loopback");
         Target {
