@@ -459,7 +459,10 @@ async fn task_notifications_on_a_listen_stream() {
 async fn resource_updates_on_a_listen_stream() {
     let up = everything().await;
     let dir = tempfile::tempdir().unwrap();
-    let proxy = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
+    let proxy = start_in_process(&up.sse_url(), dir.path(), |c| {
+        c.modern.discover = mcp_resume_proxy::modern::Discover::Advertise
+    })
+    .await;
     let a = proxy.addr;
     let uri = "demo://resource/static/document/architecture.md";
     let d = modern(
@@ -512,5 +515,59 @@ async fn resource_updates_on_a_listen_stream() {
         "l"
     );
     sse.cut();
+    proxy.stop().await;
+}
+
+/// `modern.discover = "resumable"` (the default): `server/discover` is answered 400 `-32022`
+/// listing only the sessionful versions — the dual-era SDKs' cue to fall back to `initialize` —
+/// with a message that tells a pinned client why; a 2026-07-28 request sent straight away is still
+/// served. `"advertise"` offers 2026-07-28 (see `resource_updates_on_a_listen_stream`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discover_is_steered_to_the_sessionful_face_by_default() {
+    let up = tokio::task::spawn_blocking(fastmcp_modern).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
+    let a = proxy.addr;
+    let r = modern(
+        a,
+        &req(json!("probe"), "server/discover", json!({}), json!({})),
+        &[],
+    )
+    .await;
+    assert_eq!(r.status, 400);
+    let v = r.json().await;
+    assert_eq!(v["id"], "probe", "{v}");
+    assert_eq!(v["error"]["code"], -32022, "{v}");
+    assert_eq!(
+        v["error"]["data"]["supported"],
+        json!(["2025-11-25", "2025-06-18", "2025-03-26"]),
+        "{v}"
+    );
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("resumable"),
+        "{v}"
+    );
+    let echo = req(
+        json!(2),
+        "tools/call",
+        json!({"name": "echo", "arguments": {"text": "straight away"}}),
+        json!({}),
+    );
+    let v = modern(a, &echo, &[]).await.json().await;
+    assert_eq!(v["result"]["content"][0]["text"], "straight away", "{v}");
+    // A legacy initialize on the same path opens a session, as always.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}});
+    let h = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+    ];
+    let r = send(a, "POST", "/mcp", &h, Some(&init.to_string())).await;
+    assert_eq!(r.status, 200);
+    assert!(r.header("mcp-session-id").is_some());
     proxy.stop().await;
 }

@@ -84,7 +84,12 @@ fn client_proc(client: Client, url: &str, kind: Kind, mode: Option<&str>) -> Pro
 async fn run(client: Client, kind: Kind, mode: Option<&str>) {
     let up = upstream(kind).await;
     let dir = tempfile::tempdir().unwrap();
-    let proxy = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
+    // `advertise`: the TS client discovers first, and the dual-era clients are to take 2026-07-28
+    // (with the default `resumable` they fall back to 2025-11-25: tests/modern_discover.rs).
+    let proxy = start_in_process(&up.sse_url(), dir.path(), |c| {
+        c.modern.discover = mcp_resume_proxy::modern::Discover::Advertise
+    })
+    .await;
     let url = format!("http://{}/mcp", proxy.addr);
     let mut p = client_proc(client, &url, kind, mode);
     let mut steps = Vec::new();
@@ -139,8 +144,8 @@ async fn python_pinned_through_everything() {
     run(Client::Py, Kind::Everything, None).await;
 }
 
-/// The dual-era clients in auto mode (Python's default) probe with `server/discover` and now
-/// settle on 2026-07-28.
+/// The dual-era clients in auto mode (Python's default) probe with `server/discover` and, with
+/// `modern.discover = "advertise"`, settle on 2026-07-28.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dual_era_clients_negotiate_2026() {
     run(Client::Ts, Kind::Everything, Some("auto")).await;

@@ -55,6 +55,9 @@ async fn client(url: &str, args: Vec<String>, auth: &str) -> Value {
     .unwrap()
 }
 
+/// The ext-tasks client learns of tasks from `server/discover`: offered only in this mode.
+const ADVERTISE: (&str, &str) = ("[modern]", "discover = \"advertise\"");
+
 fn s(v: &[&str]) -> Vec<String> {
     v.iter().map(|x| x.to_string()).collect()
 }
@@ -65,7 +68,7 @@ async fn tasks_survive_a_sigkill_of_the_proxy() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let tasks = ("[tasks]", "mode = \"after\"\nafter_ms = 300");
-    let mut proxy = ProxyProc::start(&up.sse_url(), &data, &[tasks]).await;
+    let mut proxy = ProxyProc::start(&up.sse_url(), &data, &[tasks, ADVERTISE]).await;
     let url = format!("{}/mcp", proxy.base());
 
     // A quick call stays a plain result; a slower one becomes a task and is followed to its end.
@@ -108,7 +111,7 @@ async fn tasks_survive_a_sigkill_of_the_proxy() {
 
     // SIGKILL, restart on the same data dir.
     proxy.proc.kill();
-    let proxy = ProxyProc::start(&up.sse_url(), &data, &[tasks]).await;
+    let proxy = ProxyProc::start(&up.sse_url(), &data, &[tasks, ADVERTISE]).await;
     let url = format!("{}/mcp", proxy.base());
 
     let r = client(&url, s(&["result", &finished]), "alice").await;
@@ -159,6 +162,7 @@ async fn tasks_expire_after_their_ttl() {
     let proxy = start_in_process(&up.sse_url(), dir.path(), |c| {
         c.tasks.mode = mcp_resume_proxy::modern::tasks::TaskMode::Always;
         c.tasks.ttl_secs = 8;
+        c.modern.discover = mcp_resume_proxy::modern::Discover::Advertise;
     })
     .await;
     let url = format!("http://{}/mcp", proxy.addr);

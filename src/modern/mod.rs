@@ -80,6 +80,22 @@ pub struct ModernConfig {
     /// Seconds a `subscriptions/listen` stream lasts; then it ends gracefully (the client listens
     /// again).
     pub listen_max_secs: u64,
+    /// What `server/discover` offers (see [`Discover`]).
+    pub discover: Discover,
+}
+
+/// `modern.discover`: what `server/discover` tells dual-era clients.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Discover {
+    /// 2026-07-28 offered: dual-era and pinned clients get this stateless face, where a cut
+    /// response stream loses its call (the spec's rule: re-issue it, or use a task).
+    Advertise,
+    /// 2026-07-28 not offered: discover is answered `-32022` listing the sessionful versions, so
+    /// dual-era clients fall back to `initialize` at 2025-11-25, whose streams resume exactly.
+    /// Requests sent straight away at 2026-07-28 (clients pinned without discovery) are still
+    /// served; a pinned client that discovers first fails at connect, told why.
+    Resumable,
 }
 
 impl Default for ModernConfig {
@@ -92,6 +108,7 @@ impl Default for ModernConfig {
             input_ttl_secs: 300,
             max_per_identity: 8,
             listen_max_secs: 3600,
+            discover: Discover::Resumable,
         }
     }
 }
@@ -468,6 +485,9 @@ impl Modern {
     }
 
     async fn discover(self: &Arc<Self>, inb: &Inbound) -> Resp {
+        if self.cfg.modern.discover == Discover::Resumable {
+            return refusal_resp(&inb.id, Refusal::discover_resumable());
+        }
         let init = match self.pool.latest_init() {
             Some(i) => i,
             None => match self.pool.lease(&inb.key, inb.owner, false).await {

@@ -84,6 +84,24 @@ impl Refusal {
             )
         }
     }
+
+    /// 400 `-32022` to `server/discover` with `modern.discover = "resumable"`: the sessionful
+    /// versions are listed, so a dual-era client falls back to `initialize`; the message tells a
+    /// pinned client why.
+    pub fn discover_resumable() -> Self {
+        let sessionful = &SERVED_VERSIONS[1..];
+        Self {
+            data: Some(json!({"supported": sessionful, "requested": MODERN_VERSION,
+                "reason": "discover_resumable"})),
+            ..Self::new(
+                400,
+                -32022,
+                "Unsupported protocol version for discovery: this proxy steers clients to \
+                 2025-11-25, whose streams resume exactly after a cut (modern.discover = \
+                 \"resumable\"); 2026-07-28 requests sent without discovery are still served",
+            )
+        }
+    }
 }
 
 /// The most bytes `_meta`'s client capabilities may take (they are parsed and kept in the pool

@@ -118,7 +118,7 @@ CONFIG_KEYS = {
     ],
     "tls": ["cert_file", "key_file", "client_ca_file", "reload_secs"],
     "modern": ["pool_max_sessions", "pool_idle_secs", "pool_wait_secs", "cache_ttl_ms", "input_ttl_secs",
-               "max_per_identity", "listen_max_secs"],
+               "max_per_identity", "listen_max_secs", "discover"],
     "tasks": ["mode", "after_ms", "ttl_secs", "poll_interval_ms"],
 }
 # The proxy's defaults. None: an optional key without a default (a file path), absent from the
@@ -182,6 +182,7 @@ CONFIG_DEFAULTS = {
         "input_ttl_secs": 300,
         "max_per_identity": 8,
         "listen_max_secs": 3600,
+        "discover": "resumable",
     },
     "tasks": {"mode": "after", "after_ms": 1000, "ttl_secs": 3600, "poll_interval_ms": 1000},
 }
