@@ -571,3 +571,86 @@ async fn discover_is_steered_to_the_sessionful_face_by_default() {
     assert!(r.header("mcp-session-id").is_some());
     proxy.stop().await;
 }
+
+/// MRTR as the conformance suite wants it (issue 16, point 7's proxy findings), with FastMCP:
+/// - two input requests the upstream sends at once (`ask_both`: elicitation and sampling in
+///   parallel) come in one `InputRequiredResult`, keyed by the upstream's own request ids, and one
+///   retry answering both completes the call;
+/// - an upstream request the client cannot answer (elicitation, not declared) fails the call with
+///   HTTP 400 `-32021` naming the capability, not an in-band `-32603`;
+/// - 2025-11-25's `task` hint on `tools/call` is not forwarded (FastMCP would refuse it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mrtr_rounds_gather_key_and_refuse_like_the_spec() {
+    let up = tokio::task::spawn_blocking(fastmcp_modern).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
+    let a = proxy.addr;
+    let both_caps = json!({"io.modelcontextprotocol/clientCapabilities":
+        {"elicitation": {"form": {}}, "sampling": {}}});
+    let args = json!({"name": "ask_both", "arguments": {"question": "q?", "prompt": "p"}});
+    let v = modern(
+        a,
+        &req(json!(1), "tools/call", args.clone(), both_caps.clone()),
+        &[],
+    )
+    .await
+    .json()
+    .await;
+    let res = &v["result"];
+    assert_eq!(res["resultType"], "input_required", "{v}");
+    let asks = res["inputRequests"].as_object().unwrap();
+    assert_eq!(asks.len(), 2, "both requests in one round: {v}");
+    let mut responses = serde_json::Map::new();
+    for (key, ir) in asks {
+        assert!(
+            key.parse::<u64>().is_ok(),
+            "keyed by the upstream's request id, not renamed: {key}"
+        );
+        let answer = match ir["method"].as_str().unwrap() {
+            "elicitation/create" => json!({"action": "accept", "content": {"answer": "yes"}}),
+            "sampling/createMessage" => json!({"role": "assistant", "model": "m",
+                "content": {"type": "text", "text": "s"}}),
+            other => panic!("unexpected input request {other}: {v}"),
+        };
+        responses.insert(key.clone(), answer);
+    }
+    let mut retry = req(json!(2), "tools/call", args, both_caps);
+    retry["params"]["requestState"] = res["requestState"].clone();
+    retry["params"]["inputResponses"] = Value::Object(responses);
+    let v = modern(a, &retry, &[]).await.json().await;
+    assert_eq!(
+        v["result"]["content"][0]["text"], "answer: yes; sampled: s",
+        "{v}"
+    );
+
+    // Elicitation without the capability (the envelope's default declares only elicitation:
+    // declare nothing here).
+    let none = json!({"io.modelcontextprotocol/clientCapabilities": {}});
+    let ask = req(
+        json!(3),
+        "tools/call",
+        json!({"name": "ask", "arguments": {"question": "q?"}}),
+        none.clone(),
+    );
+    let r = modern(a, &ask, &[]).await;
+    assert_eq!(r.status, 400);
+    let v = r.json().await;
+    assert_eq!(v["error"]["code"], -32021, "{v}");
+    assert_eq!(
+        v["error"]["data"]["requiredCapabilities"],
+        json!({"elicitation": {}}),
+        "{v}"
+    );
+
+    // The 2025-11-25 task hint is the proxy's business, not the upstream's.
+    let mut echo = req(
+        json!(4),
+        "tools/call",
+        json!({"name": "echo", "arguments": {"text": "hinted"}}),
+        none,
+    );
+    echo["params"]["task"] = json!({"ttl": 60000});
+    let v = modern(a, &echo, &[]).await.json().await;
+    assert_eq!(v["result"]["content"][0]["text"], "hinted", "{v}");
+    proxy.stop().await;
+}

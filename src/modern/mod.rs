@@ -115,6 +115,8 @@ impl Default for ModernConfig {
 
 /// Methods whose requests may carry MRTR rounds (and lease an upstream session exclusively).
 const MRTR_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
+/// How long after an upstream input request further ones are awaited for the same round.
+const INPUT_GATHER: Duration = Duration::from_millis(50);
 /// Frames queued for one client SSE stream of this face (each at most one upstream message,
 /// `upstream.max_event_bytes`): a slow reader holds the upstream back, never grows memory.
 const STREAM_FRAMES: usize = 32;
@@ -446,6 +448,8 @@ type Sink = Option<mpsc::Sender<Bytes>>;
 enum Ended {
     /// The answer to send.
     Answer(Value),
+    /// Refused with an HTTP status of its own (on a stream already begun: its last event).
+    Refused(Refusal),
     /// The client went away: nothing to send.
     Gone,
 }
@@ -566,7 +570,7 @@ impl Modern {
         let mrtr_ok = MRTR_METHODS.contains(&inb.method.as_str());
         let binding = Binding::of(&inb.method, inb.params());
         let retry = inb.fields().request_state.map(crate::jsonrpc::string);
-        let (call, next_key) = match retry {
+        let call = match retry {
             Some(state) => {
                 let Some(state) = state.filter(|_| mrtr_ok) else {
                     return rpc_error(200, &inb.id, -32602, "Invalid params: requestState", None);
@@ -600,11 +604,10 @@ impl Modern {
                     }
                 }
                 if !waiting.is_empty() {
-                    let answer =
-                        self.input_required(&inb, parked.call, waiting, parked.next_key, &binding);
+                    let answer = self.input_required(&inb, parked.call, waiting, &binding);
                     return json_resp(200, &answer);
                 }
-                (parked.call, parked.next_key)
+                parked.call
             }
             None => {
                 let call = match self.pool.call(&inb.key, inb.owner, mrtr_ok).await {
@@ -616,7 +619,7 @@ impl Modern {
                     call.finish();
                     return upstream_unavailable(&inb.id, &e);
                 }
-                (call, 1)
+                call
             }
         };
         let task_after =
@@ -626,11 +629,9 @@ impl Modern {
             });
         let streaming = inb.progress.is_some() || inb.log_level.is_some();
         if !streaming {
-            return match self
-                .drive(call, &inb, None, next_key, &binding, task_after)
-                .await
-            {
+            return match self.drive(call, &inb, None, &binding, task_after).await {
                 Ended::Answer(v) => json_resp(200, &v),
+                Ended::Refused(r) => refusal_resp(&inb.id, r),
                 Ended::Gone => crate::facade::plain(499, "text/plain", Bytes::new()),
             };
         }
@@ -638,12 +639,12 @@ impl Modern {
         let me = self.clone();
         tokio::spawn(async move {
             let sink = Some(tx.clone());
-            if let Ended::Answer(v) = me
-                .drive(call, &inb, sink, next_key, &binding, task_after)
-                .await
-            {
-                let _ = tx.send(listen::frame(&v)).await;
-            }
+            let last = match me.drive(call, &inb, sink, &binding, task_after).await {
+                Ended::Answer(v) => v,
+                Ended::Refused(r) => error_msg(&inb.id, r.code, &r.message, r.data),
+                Ended::Gone => return,
+            };
+            let _ = tx.send(listen::frame(&last)).await;
         });
         sse(rx, &self.metrics)
     }
@@ -654,7 +655,6 @@ impl Modern {
         inb: &Inbound,
         call: UpCall,
         pending: Vec<Pending>,
-        next_key: u64,
         binding: &Binding,
     ) -> Value {
         let server_info = call
@@ -672,13 +672,9 @@ impl Modern {
                 )
             })
             .collect();
-        let state = self.mrtr.park(
-            call,
-            pending,
-            next_key,
-            binding.clone(),
-            inb.identity.as_ref(),
-        );
+        let state = self
+            .mrtr
+            .park(call, pending, binding.clone(), inb.identity.as_ref());
         let mut r =
             json!({"resultType": "input_required", "inputRequests": reqs, "requestState": state});
         if let Some(si) = server_info {
@@ -693,7 +689,6 @@ impl Modern {
         mut call: UpCall,
         inb: &Inbound,
         sink: Sink,
-        mut next_key: u64,
         binding: &Binding,
         mut task_after: Option<Duration>,
     ) -> Ended {
@@ -729,6 +724,9 @@ impl Modern {
                 }
             }
         }
+        // Input requests of the upstream being gathered into one round, and until when.
+        let mut gathered: Vec<Pending> = Vec::new();
+        let mut gather_until: Option<tokio::time::Instant> = None;
         loop {
             let task_at = task_after.map(|d| started + d);
             tokio::select! {
@@ -754,21 +752,28 @@ impl Modern {
                         }
                     }
                     Some(UpMsg::Input { id, method, params }) => {
-                        let declared = match method.as_str() {
-                            "sampling/createMessage" => inb.caps.get("sampling").is_some(),
-                            "elicitation/create" => inb.caps.get("elicitation").is_some(),
-                            _ => inb.caps.get("roots").is_some(),
-                        };
-                        if !MRTR_METHODS.contains(&inb.method.as_str()) || !declared {
+                        if !MRTR_METHODS.contains(&inb.method.as_str()) {
                             call.session().answer(&id, Err(json!({"code": -32601,
                                 "message": format!("{method} is not available to this request")}))).await;
                             continue;
                         }
-                        let key = format!("input-{next_key}");
-                        next_key += 1;
+                        if let Some(cap) = mrtr::undeclared(&inb.caps, &method) {
+                            // The client cannot answer it: the call fails with -32021, naming
+                            // what it lacks; the upstream's requests are refused, the call
+                            // cancelled.
+                            call.session().answer(&id, Err(json!({"code": -32601,
+                                "message": format!("{method}: the client did not declare {cap}")}))).await;
+                            for p in gathered.drain(..) {
+                                call.session().answer(&p.upstream_id, mrtr::refusal(&p.method)).await;
+                            }
+                            drop(call);
+                            return Ended::Refused(Refusal::missing_capability(cap));
+                        }
+                        // The upstream may ask several things at once: what arrives within
+                        // INPUT_GATHER goes to the client in the same round.
+                        gather_until.get_or_insert_with(|| tokio::time::Instant::now() + INPUT_GATHER);
                         let params = mrtr::client_params(&method, &params);
-                        let p = Pending { key, upstream_id: id, method, params };
-                        return Ended::Answer(self.input_required(inb, call, vec![p], next_key, binding));
+                        gathered.push(Pending { key: mrtr::input_key(&id), upstream_id: id, method, params });
                     }
                     Some(UpMsg::Response(msg)) => {
                         call.finish();
@@ -784,7 +789,11 @@ impl Modern {
                         return Ended::Answer(lost(&inb.id));
                     }
                 },
-                _ = async { tokio::time::sleep_until(task_at.expect("guarded")).await }, if task_at.is_some() => {
+                _ = async { tokio::time::sleep_until(gather_until.expect("guarded")).await }, if gather_until.is_some() => {
+                    let pending = std::mem::take(&mut gathered);
+                    return Ended::Answer(self.input_required(inb, call, pending, binding));
+                }
+                _ = async { tokio::time::sleep_until(task_at.expect("guarded")).await }, if task_at.is_some() && gathered.is_empty() => {
                     match self.into_task(inb, call, &server_info).await {
                         Ok(answer) => return answer,
                         Err(c) => {
@@ -1005,7 +1014,9 @@ fn upstream_params(out: &mut String, params: &RawValue, upstream_id: u64, always
     let mut meta = None;
     out.push('{');
     let _ = crate::jsonrpc::for_each_member(params, |k, v| match k {
-        "inputResponses" | "requestState" => {}
+        // The MRTR fields, and 2025-11-25's `task` hint (a legacy upstream refuses it; tasks are
+        // the proxy's own here).
+        "inputResponses" | "requestState" | "task" => {}
         "_meta" => meta = Some(v),
         _ => member(out, &mut first, k, v.get()),
     });
@@ -1055,7 +1066,7 @@ mod tests {
             let p: &RawValue = serde_json::from_str(p).unwrap();
             serde_json::from_slice(&upstream_request("tools/call", p, 3, always)).unwrap()
         };
-        let p = r#"{"name": "x", "requestState": "s", "inputResponses": {},
+        let p = r#"{"name": "x", "requestState": "s", "inputResponses": {}, "task": {"ttl": 1},
             "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "progressToken": 7, "k": 1}}"#;
         assert_eq!(
             sent(p, false),

@@ -3,7 +3,8 @@
 //!
 //! When the upstream asks the client something while a `tools/call`, `prompts/get` or
 //! `resources/read` holds its session's lease, the client's request is answered with an
-//! `InputRequiredResult` (`inputRequests` keyed `input-N`, plus a `requestState`) and the upstream
+//! `InputRequiredResult` (`inputRequests` keyed by the upstream's own request ids, plus a
+//! `requestState`) and the upstream
 //! call is **parked**, lease and all, waiting. The client's retry carries `inputResponses` and the
 //! byte-exact `requestState`; the proxy checks the state, posts each response upstream as the
 //! answer to the request still waiting, and the parked call continues on the retry's response.
@@ -42,6 +43,24 @@ pub struct Pending {
     pub params: Value,
 }
 
+/// The `inputRequests` key of the upstream's request `id`: its own id (a string as it is).
+pub fn input_key(id: &Value) -> String {
+    match id {
+        Value::String(s) => s.clone(),
+        v => v.to_string(),
+    }
+}
+
+/// The client capability an upstream request needs, when the client did not declare it.
+pub fn undeclared(caps: &Value, method: &str) -> Option<&'static str> {
+    let cap = match method {
+        "sampling/createMessage" => "sampling",
+        "elicitation/create" => "elicitation",
+        _ => "roots",
+    };
+    caps.get(cap).is_none().then_some(cap)
+}
+
 /// A call waiting for a retry.
 #[derive(Debug)]
 pub struct Parked {
@@ -49,8 +68,6 @@ pub struct Parked {
     pub call: UpCall,
     /// What it waits for.
     pub pending: Vec<Pending>,
-    /// Next input key number.
-    pub next_key: u64,
     expires: Instant,
 }
 
@@ -213,7 +230,6 @@ impl Mrtr {
         &self,
         call: UpCall,
         pending: Vec<Pending>,
-        next_key: u64,
         binding: Binding,
         identity: Option<&Identity>,
     ) -> String {
@@ -228,7 +244,6 @@ impl Mrtr {
                 Parked {
                     call,
                     pending,
-                    next_key,
                     expires: Instant::now() + self.ttl,
                 },
                 binding,

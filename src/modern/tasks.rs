@@ -379,7 +379,6 @@ impl Tasks {
         mut ctl: mpsc::Receiver<Ctl>,
     ) {
         let id = sl.id;
-        let mut next_key = 1u64;
         let outcome: Value = loop {
             tokio::select! {
                 m = call.rx.recv() => match m {
@@ -389,8 +388,7 @@ impl Tasks {
                     }
                     Some(UpMsg::Log(_)) => {}
                     Some(UpMsg::Input { id: uid, method, params }) => {
-                        let key = format!("input-{next_key}");
-                        next_key += 1;
+                        let key = mrtr::input_key(&uid);
                         let params = mrtr::client_params(&method, &params);
                         self.changed(&id, &live, |v| {
                             v.inputs.push(Pending { key, upstream_id: uid, method, params });

@@ -85,6 +85,19 @@ impl Refusal {
         }
     }
 
+    /// 400 `-32021`: the upstream asked for something (`cap`: sampling, elicitation, roots) the
+    /// client did not declare.
+    pub fn missing_capability(cap: &str) -> Self {
+        Self {
+            data: Some(json!({"requiredCapabilities": {cap: {}}})),
+            ..Self::new(
+                400,
+                -32021,
+                format!("Missing required client capability: {cap}"),
+            )
+        }
+    }
+
     /// 400 `-32022` to `server/discover` with `modern.discover = "resumable"`: the sessionful
     /// versions are listed, so a dual-era client falls back to `initialize`; the message tells a
     /// pinned client why.

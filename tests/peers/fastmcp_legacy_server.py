@@ -74,6 +74,27 @@ def add_modern_tools(mcp: FastMCP) -> None:
         return f"sampled: {text}"
 
     @mcp.tool()
+    async def ask_both(question: str, prompt: str, ctx: Context) -> str:
+        """Ask the client a question and its model a prompt at once (two concurrent requests)."""
+        got: dict = {}
+
+        async def elicit() -> None:
+            r = await ctx.elicit(question, schema=Answer)
+            got["answer"] = r.data.answer if r.action == "accept" else r.action
+
+        async def sample_() -> None:
+            r = await ctx.session.create_message(
+                messages=[SamplingMessage(role="user", content=TextContent(type="text", text=prompt))],
+                max_tokens=50,
+            )
+            got["sampled"] = r.content.text if isinstance(r.content, TextContent) else str(r.content)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(elicit)
+            tg.start_soon(sample_)
+        return f"answer: {got['answer']}; sampled: {got['sampled']}"
+
+    @mcp.tool()
     async def change(ctx: Context) -> str:
         """Add tool `extra` and tell the client the list changed."""
 
