@@ -654,3 +654,63 @@ async fn mrtr_rounds_gather_key_and_refuse_like_the_spec() {
     assert_eq!(v["result"]["content"][0]["text"], "hinted", "{v}");
     proxy.stop().await;
 }
+
+/// `Mcp-Param-*` (SEP-2243): FastMCP's `routed` tool marks `region` with `x-mcp-header: Region`.
+/// Once the proxy has relayed a `tools/list`, a `tools/call` must mirror the argument into
+/// `Mcp-Param-Region` (plain, or `=?base64?…?=`); missing, undecodable or different is 400
+/// `-32020`, and the upstream never sees the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_param_headers_are_checked_against_the_body() {
+    let up = tokio::task::spawn_blocking(fastmcp_modern).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
+    let a = proxy.addr;
+    let v = modern(a, &req(json!(1), "tools/list", json!({}), json!({})), &[])
+        .await
+        .json()
+        .await;
+    let routed = v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "routed")
+        .cloned()
+        .expect("routed listed");
+    assert_eq!(
+        routed["inputSchema"]["properties"]["region"]["x-mcp-header"],
+        "Region"
+    );
+    let call = req(
+        json!(2),
+        "tools/call",
+        json!({"name": "routed", "arguments": {"region": "Hello"}}),
+        json!({}),
+    );
+    let with = |h: &'static str| {
+        let call = call.clone();
+        async move {
+            let r = modern(a, &call, &[("mcp-param-region", h)]).await;
+            (r.status, r.json().await)
+        }
+    };
+    for h in ["Hello", "=?base64?SGVsbG8=?=", "  Hello  "] {
+        let (s, v) = with(h).await;
+        assert_eq!(s, 200, "{h}: {v}");
+        assert_eq!(
+            v["result"]["content"][0]["text"], "routed to Hello",
+            "{h}: {v}"
+        );
+    }
+    for h in ["Bye", "=?base64?SGVsbG8?=", "=?base64?SGVs!!!bG8=?="] {
+        let (s, v) = with(h).await;
+        assert_eq!(
+            (s, v["error"]["code"].clone()),
+            (400, json!(-32020)),
+            "{h}: {v}"
+        );
+    }
+    let r = modern(a, &call, &[]).await;
+    assert_eq!(r.status, 400, "a missing Mcp-Param-Region");
+    assert_eq!(r.json().await["error"]["code"], -32020);
+    proxy.stop().await;
+}

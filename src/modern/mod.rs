@@ -21,6 +21,7 @@
 
 pub mod listen;
 pub mod mrtr;
+pub mod params;
 pub mod pool;
 pub mod tasks;
 pub mod wire;
@@ -153,6 +154,8 @@ pub struct Modern {
     pub mrtr: Mrtr,
     /// Tasks.
     pub tasks: Arc<Tasks>,
+    /// `Mcp-Param-*` annotations learnt from `tools/list`.
+    params: params::HeaderParams,
     metrics: Metrics,
     drain: watch::Receiver<bool>,
     keepalive: Duration,
@@ -202,6 +205,7 @@ impl Modern {
             pool,
             hub,
             tasks,
+            params: params::HeaderParams::default(),
             metrics,
             drain,
         })
@@ -480,6 +484,13 @@ impl Modern {
             Err((id, r)) => return refusal_resp(&id, r),
         };
         let inb = inb.with_caller(caller);
+        if inb.method == "tools/call" {
+            let f = inb.fields();
+            let tool = f.name.and_then(crate::jsonrpc::string).unwrap_or_default();
+            if let Err(r) = self.params.check(&tool, f.arguments, h) {
+                return refusal_resp(&inb.id, r);
+            }
+        }
         match inb.method.as_str() {
             "server/discover" => self.discover(&inb).await,
             "subscriptions/listen" => self.listen(&inb).await,
@@ -777,6 +788,11 @@ impl Modern {
                     }
                     Some(UpMsg::Response(msg)) => {
                         call.finish();
+                        if inb.method == "tools/list" {
+                            if let Some(r) = msg.get("result") {
+                                self.params.learn(r);
+                            }
+                        }
                         return Ended::Answer(map_response(&msg, inb, server_info.as_ref(), ttl));
                     }
                     Some(UpMsg::Cancelled) => {

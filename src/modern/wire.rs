@@ -69,7 +69,8 @@ impl Refusal {
         }
     }
 
-    fn header(message: impl Into<String>) -> Self {
+    /// 400 `-32020` HeaderMismatch.
+    pub fn header(message: impl Into<String>) -> Self {
         Self::new(400, -32020, message)
     }
 
@@ -161,6 +162,9 @@ pub struct Fields<'a> {
     /// `requestId` (`notifications/cancelled`).
     #[serde(borrow, default, rename = "requestId")]
     pub request_id: Option<&'a RawValue>,
+    /// `arguments` (`tools/call`).
+    #[serde(borrow, default)]
+    pub arguments: Option<&'a RawValue>,
 }
 
 /// `subscriptions/listen`'s `params.notifications`, borrowed.

@@ -36,9 +36,11 @@ import argparse
 import json
 import os
 import sys
+from typing import Annotated
 
 import anyio
 import uvicorn
+from pydantic import Field
 from mcp.server.fastmcp import Context, FastMCP
 
 PROG = "fastmcp_legacy_server"
@@ -72,6 +74,12 @@ def add_modern_tools(mcp: FastMCP) -> None:
         )
         text = r.content.text if isinstance(r.content, TextContent) else str(r.content)
         return f"sampled: {text}"
+
+    @mcp.tool()
+    async def routed(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
+                     query: str = "") -> str:
+        """A tool whose `region` argument 2026-07-28 clients mirror into `Mcp-Param-Region`."""
+        return f"routed to {region}"
 
     @mcp.tool()
     async def ask_both(question: str, prompt: str, ctx: Context) -> str:
