@@ -12,6 +12,31 @@ use serde_json::value::RawValue;
 /// The deepest nesting of arrays and objects a client message may have ([`too_deep`]).
 pub const MAX_DEPTH: usize = 64;
 
+// The JSON-RPC error codes of every face, in one table (HTTP statuses and reasons of the proxy's
+// own refusals: `crate::error::Error::answer`; the 2026-07-28 ladder's: `modern::wire::Refusal`).
+
+/// Invalid JSON.
+pub const PARSE_ERROR: i64 = -32700;
+/// Not a valid JSON-RPC request.
+pub const INVALID_REQUEST: i64 = -32600;
+/// No such method (or one not available to the request).
+pub const METHOD_NOT_FOUND: i64 = -32601;
+/// Invalid params.
+pub const INVALID_PARAMS: i64 = -32602;
+/// Internal error: upstream unavailable, capacity, store errors, cancelled calls.
+pub const INTERNAL_ERROR: i64 = -32603;
+/// Server error of the sessionful faces' transport (origin, host, a stream already active).
+pub const SERVER_ERROR: i64 = -32000;
+/// No such session, or not this caller's (unknown, unauthorised, upstream gone).
+pub const SESSION_ERROR: i64 = -32001;
+/// 2025's "resource not found" (2026-07-28 answers [`INVALID_PARAMS`] with the URI instead).
+pub const RESOURCE_NOT_FOUND: i64 = -32002;
+/// 2026-07-28 HeaderMismatch: a header disagrees with the body, or is missing.
+pub const HEADER_MISMATCH: i64 = -32020;
+/// 2026-07-28 MissingRequiredClientCapability (`data.requiredCapabilities`).
+pub const MISSING_CAPABILITY: i64 = -32021;
+/// 2026-07-28 UnsupportedProtocolVersion (`data.supported`).
+pub const UNSUPPORTED_VERSION: i64 = -32022;
 /// JSON-RPC error code for a refused resume (design.md §4).
 pub const RESUME_GAP: i64 = -32090;
 /// JSON-RPC error code for a request aborted because its upstream session ended (I6).

@@ -317,7 +317,8 @@ async fn tasks_demo(
     let g = modern(c, &base, 6, "tasks/get", json!({"taskId": long})).await?;
     println!("   task {long}: {}", task_line(&g["result"]));
     check(
-        g["result"]["status"] == "failed" && g["result"]["error"]["code"] == -32091,
+        g["result"]["status"] == "failed"
+            && g["result"]["error"]["code"] == crate::jsonrpc::INFLIGHT_ABORTED,
         "the unfinished one failed loudly with -32091 — never `working` forever",
     )?;
     println!("\nDemo complete.");

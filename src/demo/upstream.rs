@@ -571,7 +571,10 @@ async fn handle_request(
         "ping" => Ok(json!({})),
         "tools/list" => Ok(tools_list()),
         "tools/call" => call_tool(&inner, &session, &id, &params).await,
-        _ => Err(Fail::Rpc(-32601, format!("Method not found: {method}"))),
+        _ => Err(Fail::Rpc(
+            crate::jsonrpc::METHOD_NOT_FOUND,
+            format!("Method not found: {method}"),
+        )),
     };
     let msg = match outcome {
         Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
@@ -627,7 +630,7 @@ fn arg_u64(args: &Value, name: &str, default: Option<u64>) -> Result<u64, Fail> 
     }
     .ok_or_else(|| {
         Fail::Rpc(
-            -32602,
+            crate::jsonrpc::INVALID_PARAMS,
             format!("argument `{name}` must be a non-negative integer"),
         )
     })
@@ -653,7 +656,10 @@ async fn call_tool(
     match name {
         "echo" => match args.get("text").and_then(Value::as_str) {
             Some(t) => Ok(text_result(t.to_owned())),
-            None => Err(Fail::Rpc(-32602, "argument `text` must be a string".into())),
+            None => Err(Fail::Rpc(
+                crate::jsonrpc::INVALID_PARAMS,
+                "argument `text` must be a string".into(),
+            )),
         },
         "count" => {
             let n = arg_u64(args, "n", None)?;
@@ -744,7 +750,7 @@ async fn call_tool(
                 }
                 other => {
                     return Err(Fail::Rpc(
-                        -32602,
+                        crate::jsonrpc::INVALID_PARAMS,
                         format!("unknown misbehave kind `{other}`"),
                     ))
                 }
@@ -752,7 +758,10 @@ async fn call_tool(
             session.send_frame(session.frame("message", &data)).await?;
             Ok(text_result(format!("misbehaved {kind}")))
         }
-        other => Err(Fail::Rpc(-32602, format!("Unknown tool: {other}"))),
+        other => Err(Fail::Rpc(
+            crate::jsonrpc::INVALID_PARAMS,
+            format!("Unknown tool: {other}"),
+        )),
     }
 }
 

@@ -440,7 +440,7 @@ async fn answer(
             let status = e.status();
             let body = jsonrpc::error_response(
                 id,
-                -32603,
+                crate::jsonrpc::INTERNAL_ERROR,
                 &format!("forwarding to the upstream failed: {e}"),
                 json!({"reason": "upstream_error", "status": status}),
             );

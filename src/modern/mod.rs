@@ -384,16 +384,21 @@ fn map_response(msg: &Value, inb: &Inbound, server_info: Option<&Value>, ttl_ms:
         );
     }
     let e = &msg["error"];
-    let code = e["code"].as_i64().unwrap_or(-32603);
+    let code = e["code"].as_i64().unwrap_or(crate::jsonrpc::INTERNAL_ERROR);
     let message = e["message"].as_str().unwrap_or("upstream error");
-    if code == -32002 {
+    if code == crate::jsonrpc::RESOURCE_NOT_FOUND {
         // 2026-07-28 retired -32002 (resource not found) for -32602 with the URI.
         let uri = inb
             .fields()
             .uri
             .and_then(crate::jsonrpc::scalar)
             .unwrap_or(Value::Null);
-        return error_msg(&inb.id, -32602, message, Some(json!({"uri": uri})));
+        return error_msg(
+            &inb.id,
+            crate::jsonrpc::INVALID_PARAMS,
+            message,
+            Some(json!({"uri": uri})),
+        );
     }
     error_msg(&inb.id, code, message, e.get("data").cloned())
 }
@@ -417,7 +422,7 @@ fn upstream_unavailable(id: &Value, e: &crate::error::Error) -> Resp {
     rpc_error(
         200,
         id,
-        -32603,
+        crate::jsonrpc::INTERNAL_ERROR,
         &format!("upstream unavailable: {e}"),
         Some(json!({"reason": reason})),
     )
@@ -541,7 +546,7 @@ impl Modern {
             rpc_error(
                 200,
                 &inb.id,
-                -32602,
+                crate::jsonrpc::INVALID_PARAMS,
                 "Failed to retrieve task: Task not found",
                 None,
             )
@@ -584,7 +589,13 @@ impl Modern {
         let call = match retry {
             Some(state) => {
                 let Some(state) = state.filter(|_| mrtr_ok) else {
-                    return rpc_error(200, &inb.id, -32602, "Invalid params: requestState", None);
+                    return rpc_error(
+                        200,
+                        &inb.id,
+                        crate::jsonrpc::INVALID_PARAMS,
+                        "Invalid params: requestState",
+                        None,
+                    );
                 };
                 let state = state.as_str();
                 let responses = match inb.responses() {
@@ -594,7 +605,7 @@ impl Modern {
                         return rpc_error(
                             200,
                             &inb.id,
-                            -32602,
+                            crate::jsonrpc::INVALID_PARAMS,
                             "Invalid params: inputResponses must be an object",
                             None,
                         )
@@ -602,7 +613,15 @@ impl Modern {
                 };
                 let parked = match self.mrtr.take(state, inb.identity.as_ref(), &binding) {
                     Ok(p) => p,
-                    Err(e) => return rpc_error(200, &inb.id, -32602, e.message(), None),
+                    Err(e) => {
+                        return rpc_error(
+                            200,
+                            &inb.id,
+                            crate::jsonrpc::INVALID_PARAMS,
+                            e.message(),
+                            None,
+                        )
+                    }
                 };
                 let mut waiting = Vec::new();
                 for p in parked.pending {
@@ -764,7 +783,7 @@ impl Modern {
                     }
                     Some(UpMsg::Input { id, method, params }) => {
                         if !MRTR_METHODS.contains(&inb.method.as_str()) {
-                            call.session().answer(&id, Err(json!({"code": -32601,
+                            call.session().answer(&id, Err(json!({"code": crate::jsonrpc::METHOD_NOT_FOUND,
                                 "message": format!("{method} is not available to this request")}))).await;
                             continue;
                         }
@@ -772,7 +791,7 @@ impl Modern {
                             // The client cannot answer it: the call fails with -32021, naming
                             // what it lacks; the upstream's requests are refused, the call
                             // cancelled.
-                            call.session().answer(&id, Err(json!({"code": -32601,
+                            call.session().answer(&id, Err(json!({"code": crate::jsonrpc::METHOD_NOT_FOUND,
                                 "message": format!("{method}: the client did not declare {cap}")}))).await;
                             for p in gathered.drain(..) {
                                 call.session().answer(&p.upstream_id, mrtr::refusal(&p.method)).await;
@@ -797,7 +816,7 @@ impl Modern {
                     }
                     Some(UpMsg::Cancelled) => {
                         call.finish();
-                        return Ended::Answer(error_msg(&inb.id, -32603, "the upstream cancelled the request",
+                        return Ended::Answer(error_msg(&inb.id, crate::jsonrpc::INTERNAL_ERROR, "the upstream cancelled the request",
                             Some(json!({"reason": "upstream_cancelled"}))));
                     }
                     Some(UpMsg::Lost) | None => {
@@ -874,7 +893,7 @@ impl Modern {
         rpc_error(
             200,
             id,
-            -32603,
+            crate::jsonrpc::INTERNAL_ERROR,
             &format!("this caller has {max} live listens (modern.max_per_identity)"),
             Some(json!({"reason": "capacity"})),
         )
@@ -983,7 +1002,7 @@ impl Modern {
                 Some(listen::Closed::Ended) => Some(listen::end(&sub_id, server_info.as_ref())),
                 Some(listen::Closed::FellBehind) => Some(listen::frame(&error_msg(
                     &sub_id,
-                    -32603,
+                    crate::jsonrpc::INTERNAL_ERROR,
                     "listen ended: its reader fell behind the notifications queued for it",
                     Some(json!({"reason": "slow_reader"})),
                 ))),

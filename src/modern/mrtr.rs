@@ -323,7 +323,9 @@ pub fn refusal(method: &str) -> Result<Value, Value> {
     if method == "elicitation/create" {
         Ok(json!({"action": "cancel"}))
     } else {
-        Err(json!({"code": -32603, "message": "the client did not answer in time"}))
+        Err(
+            json!({"code": crate::jsonrpc::INTERNAL_ERROR, "message": "the client did not answer in time"}),
+        )
     }
 }
 

@@ -247,7 +247,7 @@ impl UpSession {
                     // Its log messages and progress are nobody's concern.
                     Some(UpMsg::Log(_) | UpMsg::Progress(_)) => {}
                     Some(UpMsg::Input { id, method, .. }) => {
-                        self.answer(&id, Err(json!({"code": -32601,
+                        self.answer(&id, Err(json!({"code": crate::jsonrpc::METHOD_NOT_FOUND,
                             "message": format!("{method} is not available to the proxy's own requests")})))
                             .await;
                     }
@@ -403,7 +403,7 @@ impl UpSession {
                         tracing::info!(upstream = self.n, method, "upstream request with no client request to carry it answered with an error");
                         self.answer(
                             &id,
-                            Err(json!({"code": -32601, "message": format!("{method} is not available: no client request is waiting on this upstream session")})),
+                            Err(json!({"code": crate::jsonrpc::METHOD_NOT_FOUND, "message": format!("{method} is not available: no client request is waiting on this upstream session")})),
                         )
                         .await;
                     }

@@ -401,7 +401,7 @@ impl Tasks {
                     }
                     Some(UpMsg::Cancelled) => {
                         call.finish();
-                        break json!({"error": {"code": -32603, "message": "the upstream cancelled the request",
+                        break json!({"error": {"code": crate::jsonrpc::INTERNAL_ERROR, "message": "the upstream cancelled the request",
                             "data": {"reason": "upstream_cancelled"}}});
                     }
                     Some(UpMsg::Lost) | None => {
@@ -444,7 +444,7 @@ impl Tasks {
                         }
                         // Dropped unfinished: `notifications/cancelled` goes upstream.
                         drop(call);
-                        break json!({"error": {"code": -32603, "message": "task cancelled",
+                        break json!({"error": {"code": crate::jsonrpc::INTERNAL_ERROR, "message": "task cancelled",
                             "data": {"reason": "task_cancelled"}}});
                     }
                 },
@@ -461,10 +461,9 @@ impl Tasks {
         } else {
             fin.insert(
                 "error".into(),
-                outcome
-                    .get("error")
-                    .cloned()
-                    .unwrap_or_else(|| json!({"code": -32603, "message": "no result"})),
+                outcome.get("error").cloned().unwrap_or_else(
+                    || json!({"code": crate::jsonrpc::INTERNAL_ERROR, "message": "no result"}),
+                ),
             );
         }
         let payload = Bytes::from(Value::Object(fin).to_string());
@@ -546,7 +545,7 @@ impl Tasks {
                 let e = &f["error"];
                 t["status"] = json!("failed");
                 t["statusMessage"] = json!(e["message"].as_str().unwrap_or("failed"));
-                let mut err = json!({"code": e["code"].as_i64().unwrap_or(-32603),
+                let mut err = json!({"code": e["code"].as_i64().unwrap_or(crate::jsonrpc::INTERNAL_ERROR),
                     "message": e["message"].as_str().unwrap_or("failed")});
                 if let Some(d) = e.get("data") {
                     err["data"] = d.clone();

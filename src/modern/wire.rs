@@ -71,7 +71,7 @@ impl Refusal {
 
     /// 400 `-32020` HeaderMismatch.
     pub fn header(message: impl Into<String>) -> Self {
-        Self::new(400, -32020, message)
+        Self::new(400, crate::jsonrpc::HEADER_MISMATCH, message)
     }
 
     /// 400 `-32021`: the request needs the tasks extension, which it did not declare.
@@ -80,7 +80,7 @@ impl Refusal {
             data: Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXT: {}}}})),
             ..Self::new(
                 400,
-                -32021,
+                crate::jsonrpc::MISSING_CAPABILITY,
                 "Missing required client capability: extensions[\"io.modelcontextprotocol/tasks\"]",
             )
         }
@@ -93,7 +93,7 @@ impl Refusal {
             data: Some(json!({"requiredCapabilities": {cap: {}}})),
             ..Self::new(
                 400,
-                -32021,
+                crate::jsonrpc::MISSING_CAPABILITY,
                 format!("Missing required client capability: {cap}"),
             )
         }
@@ -109,7 +109,7 @@ impl Refusal {
                 "reason": "discover_resumable"})),
             ..Self::new(
                 400,
-                -32022,
+                crate::jsonrpc::UNSUPPORTED_VERSION,
                 "Unsupported protocol version for discovery: this proxy steers clients to \
                  2025-11-25, whose streams resume exactly after a cut (modern.discover = \
                  \"resumable\"); 2026-07-28 requests sent without discovery are still served",
@@ -387,7 +387,7 @@ pub fn media_refusal(h: &http::HeaderMap) -> Option<Refusal> {
     if !json_body {
         return Some(Refusal::new(
             415,
-            -32600,
+            crate::jsonrpc::INVALID_REQUEST,
             "Unsupported Media Type: Content-Type must be application/json",
         ));
     }
@@ -414,7 +414,7 @@ pub fn media_refusal(h: &http::HeaderMap) -> Option<Refusal> {
     (!ok).then(|| {
         Refusal::new(
             406,
-            -32600,
+            crate::jsonrpc::INVALID_REQUEST,
             "Not Acceptable: Accept must list application/json and text/event-stream",
         )
     })
@@ -436,7 +436,7 @@ pub fn validate(
             null,
             Refusal::new(
                 400,
-                -32600,
+                crate::jsonrpc::INVALID_REQUEST,
                 format!(
                     "Invalid Request: JSON nested deeper than {} levels",
                     crate::jsonrpc::MAX_DEPTH
@@ -447,13 +447,17 @@ pub fn validate(
     if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
         return Err((
             null,
-            Refusal::new(400, -32700, "Parse error: body is not JSON"),
+            Refusal::new(
+                400,
+                crate::jsonrpc::PARSE_ERROR,
+                "Parse error: body is not JSON",
+            ),
         ));
     }
     let Some(m) = object::<RawMsg<'_>>(body) else {
         return Err((
             null,
-            Refusal::new(400, -32600, "Invalid Request: the body must be one JSON-RPC request or notification (no batches, no repeated members)"),
+            Refusal::new(400, crate::jsonrpc::INVALID_REQUEST, "Invalid Request: the body must be one JSON-RPC request or notification (no batches, no repeated members)"),
         ));
     };
     let id =
@@ -467,7 +471,7 @@ pub fn validate(
             id.filter(|_| id_ok).unwrap_or(Value::Null),
             Refusal::new(
                 400,
-                -32600,
+                crate::jsonrpc::INVALID_REQUEST,
                 "Invalid Request: not a JSON-RPC request or notification",
             ),
         ));
@@ -482,7 +486,7 @@ pub fn validate(
                     id.unwrap_or(Value::Null),
                     Refusal::new(
                         400,
-                        -32602,
+                        crate::jsonrpc::INVALID_PARAMS,
                         "Invalid params: params must be an object (without repeated members)",
                     ),
                 ))
@@ -514,7 +518,7 @@ pub fn validate(
             id,
             Refusal::new(
                 400,
-                -32602,
+                crate::jsonrpc::INVALID_PARAMS,
                 format!(
                     "Invalid params: _meta clientCapabilities larger than {MAX_CAPS_BYTES} bytes"
                 ),
@@ -530,7 +534,7 @@ pub fn validate(
     if !missing.is_empty() {
         let mut r = Refusal::new(
             400,
-            -32602,
+            crate::jsonrpc::INVALID_PARAMS,
             format!("Invalid params: _meta is missing {}", missing.join(", ")),
         );
         r.data = Some(json!({"missing": missing}));
@@ -564,7 +568,7 @@ pub fn validate(
             id,
             Refusal::new(
                 404,
-                -32601,
+                crate::jsonrpc::METHOD_NOT_FOUND,
                 format!("Method not found: {}", crate::echo::clip(method)),
             ),
         ));
@@ -604,7 +608,7 @@ pub fn validate(
                 id,
                 Refusal::new(
                     200,
-                    -32602,
+                    crate::jsonrpc::INVALID_PARAMS,
                     format!("Invalid params: params.{p} is required"),
                 ),
             ));
@@ -661,7 +665,7 @@ fn unsupported(requested: &str) -> Refusal {
         data: Some(json!({"supported": SERVED_VERSIONS, "requested": requested})),
         ..Refusal::new(
             400,
-            -32022,
+            crate::jsonrpc::UNSUPPORTED_VERSION,
             format!(
                 "Unsupported protocol version {:?} (supported: {})",
                 crate::echo::clip(requested),
