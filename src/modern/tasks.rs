@@ -50,6 +50,34 @@ const TASK_STREAM: StreamTag = StreamTag(2);
 /// `mcp_resume_tasks_total` label values.
 pub const TASK_STATUSES: [&str; 5] = ["created", "completed", "failed", "cancelled", "expired"];
 
+/// A task's status (`tasks/get`'s `status`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskStatus {
+    /// Running upstream.
+    Working,
+    /// The upstream asked the client something (`inputRequests`); `tasks/update` answers.
+    InputRequired,
+    /// Finished with a result.
+    Completed,
+    /// Finished with an error (the upstream's, or `-32091` when its session was lost).
+    Failed,
+    /// Cancelled by the client (`tasks/cancel`) or by its TTL.
+    Cancelled,
+}
+
+impl TaskStatus {
+    /// Its wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Working => "working",
+            TaskStatus::InputRequired => "input_required",
+            TaskStatus::Completed => "completed",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Cancelled => "cancelled",
+        }
+    }
+}
+
 /// When a `tools/call` of a client that declared the extension becomes a task.
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
@@ -122,7 +150,7 @@ enum Ctl {
 }
 
 struct View {
-    status: &'static str,
+    status: TaskStatus,
     message: Option<String>,
     updated_ms: u64,
     inputs: Vec<Pending>,
@@ -310,7 +338,7 @@ impl Tasks {
             created_ms: task.created_ms,
             ttl_ms: self.ttl_ms(),
             view: Mutex::new(View {
-                status: "working",
+                status: TaskStatus::Working,
                 message: None,
                 updated_ms: task.created_ms,
                 inputs: Vec::new(),
@@ -335,7 +363,7 @@ impl Tasks {
         let v = live.view.lock().unwrap_or_else(|e| e.into_inner());
         let mut t = json!({
             "taskId": id.to_string(),
-            "status": v.status,
+            "status": v.status.as_str(),
             "createdAt": iso(live.created_ms),
             "lastUpdatedAt": iso(v.updated_ms),
             "ttlMs": live.ttl_ms,
@@ -344,7 +372,7 @@ impl Tasks {
         if let Some(m) = &v.message {
             t["statusMessage"] = json!(m);
         }
-        if v.status == "input_required" {
+        if v.status == TaskStatus::InputRequired {
             let reqs: Map<String, Value> = v
                 .inputs
                 .iter()
@@ -392,7 +420,7 @@ impl Tasks {
                         let params = mrtr::client_params(&method, &params);
                         self.changed(&id, &live, |v| {
                             v.inputs.push(Pending { key, upstream_id: uid, method, params });
-                            v.status = "input_required";
+                            v.status = TaskStatus::InputRequired;
                         });
                     }
                     Some(UpMsg::Response(msg)) => {
@@ -431,7 +459,7 @@ impl Tasks {
                         }
                         self.changed(&id, &live, |v| {
                             if v.inputs.is_empty() {
-                                v.status = "working";
+                                v.status = TaskStatus::Working;
                             }
                         });
                     }
@@ -531,19 +559,19 @@ impl Tasks {
                     o.insert("resultType".into(), json!("complete"));
                     strip_related_task(o);
                 }
-                t["status"] = json!("completed");
+                t["status"] = json!(TaskStatus::Completed.as_str());
                 t["result"] = r;
             }
             Some(f)
                 if f.pointer("/error/data/reason").and_then(Value::as_str)
                     == Some("task_cancelled") =>
             {
-                t["status"] = json!("cancelled");
+                t["status"] = json!(TaskStatus::Cancelled.as_str());
                 t["statusMessage"] = json!("cancelled by the client");
             }
             Some(f) => {
                 let e = &f["error"];
-                t["status"] = json!("failed");
+                t["status"] = json!(TaskStatus::Failed.as_str());
                 t["statusMessage"] = json!(e["message"].as_str().unwrap_or("failed"));
                 let mut err = json!({"code": e["code"].as_i64().unwrap_or(crate::jsonrpc::INTERNAL_ERROR),
                     "message": e["message"].as_str().unwrap_or("failed")});
@@ -554,7 +582,7 @@ impl Tasks {
             }
             None => {
                 // Ended (or being ended by recovery) without an outcome: the run that held it died.
-                t["status"] = json!("failed");
+                t["status"] = json!(TaskStatus::Failed.as_str());
                 t["statusMessage"] = json!("upstream session lost");
                 t["error"] = json!({"code": crate::jsonrpc::INFLIGHT_ABORTED,
                     "message": "request aborted: upstream session ended (upstream_lost)"});
