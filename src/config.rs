@@ -61,9 +61,9 @@ pub struct Config {
     /// TLS on the client listener.
     pub tls: crate::tls::TlsConfig,
     /// The MCP 2026-07-28 face on the Streamable HTTP path.
-    pub modern: crate::modern::ModernConfig,
+    pub modern: ModernConfig,
     /// The Tasks extension on the 2026-07-28 face.
-    pub tasks: crate::modern::tasks::TasksConfig,
+    pub tasks: TasksConfig,
 }
 
 /// `[listen]`: where clients connect.
@@ -669,6 +669,96 @@ impl Config {
     pub fn request_timeout(&self) -> Option<Duration> {
         (self.upstream.request_timeout_secs > 0)
             .then(|| Duration::from_secs(self.upstream.request_timeout_secs))
+    }
+}
+
+/// `[modern]`: the 2026-07-28 face.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModernConfig {
+    /// Most upstream sessions the pool keeps open at once (all identities together).
+    pub pool_max_sessions: usize,
+    /// Seconds an upstream session of the pool with nothing in flight stays open.
+    pub pool_idle_secs: u64,
+    /// Seconds a request waits for an upstream session when the pool is full of busy ones; then
+    /// it is answered with an error.
+    pub pool_wait_secs: u64,
+    /// `ttlMs` put on cacheable results (`tools/list`, … , `server/discover`); `cacheScope` is
+    /// always `"private"` (pools are per identity).
+    pub cache_ttl_ms: u64,
+    /// Seconds a parked MRTR call waits for the client's retry (the `requestState` lifetime).
+    pub input_ttl_secs: u64,
+    /// Most upstream sessions of the pool, most live listens and most running tasks one owner
+    /// may hold (each counted on its own): a verified identity, else one peer address.
+    pub max_per_identity: usize,
+    /// Seconds a `subscriptions/listen` stream lasts; then it ends gracefully (the client listens
+    /// again).
+    pub listen_max_secs: u64,
+    /// What `server/discover` offers (see [`Discover`]).
+    pub discover: Discover,
+}
+
+/// `modern.discover`: what `server/discover` tells dual-era clients.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Discover {
+    /// 2026-07-28 offered: dual-era and pinned clients get this stateless face, where a cut
+    /// response stream loses its call (the spec's rule: re-issue it, or use a task).
+    Advertise,
+    /// 2026-07-28 not offered: discover is answered `-32022` listing the sessionful versions, so
+    /// dual-era clients fall back to `initialize` at 2025-11-25, whose streams resume exactly.
+    /// Requests sent straight away at 2026-07-28 (clients pinned without discovery) are still
+    /// served; a pinned client that discovers first fails at connect, told why.
+    Resumable,
+}
+
+impl Default for ModernConfig {
+    fn default() -> Self {
+        Self {
+            pool_max_sessions: 64,
+            pool_idle_secs: 60,
+            pool_wait_secs: 10,
+            cache_ttl_ms: 0,
+            input_ttl_secs: 300,
+            max_per_identity: 8,
+            listen_max_secs: 3600,
+            discover: Discover::Resumable,
+        }
+    }
+}
+
+/// When a `tools/call` of a client that declared the extension becomes a task.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskMode {
+    /// Every such call.
+    Always,
+    /// A call still unanswered after `tasks.after_ms` (quick calls stay plain results).
+    After,
+}
+
+/// `[tasks]`: the Tasks extension on the 2026-07-28 face.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TasksConfig {
+    /// `"always"` or `"after"`.
+    pub mode: TaskMode,
+    /// With `mode = "after"`: milliseconds a call may take before it becomes a task.
+    pub after_ms: u64,
+    /// Seconds a task (and its result) is kept from its creation (`ttlMs`).
+    pub ttl_secs: u64,
+    /// Milliseconds between polls suggested to clients (`pollIntervalMs`).
+    pub poll_interval_ms: u64,
+}
+
+impl Default for TasksConfig {
+    fn default() -> Self {
+        Self {
+            mode: TaskMode::After,
+            after_ms: 1000,
+            ttl_secs: 3600,
+            poll_interval_ms: 1000,
+        }
     }
 }
 

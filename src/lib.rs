@@ -20,11 +20,14 @@
 //!   the contiguity check.
 //! - [`stream`]: a client stream as a cursor over the log.
 //! - [`modern`]: the stateless MCP 2026-07-28 face on the same path as [2], per request: a pool
-//!   of proxy-opened upstream sessions, MRTR, `subscriptions/listen`, and tasks kept in [5].
+//!   of proxy-opened upstream sessions partitioned by caller, MRTR, `Mcp-Param-*` checks,
+//!   `subscriptions/listen`, and tasks kept in [5].
 //!
-//! Around it: [`domain`] (the vocabulary the others share), [`config`], [`metrics`], [`admin`], [`shutdown`], [`app`] (wiring), [`sse`]
-//! (decoder/encoder), [`jsonrpc`] (routing fields and error bodies), [`echo`] (client values cut
-//! before they are echoed), [`demo`] and [`inspect`].
+//! Around it: [`domain`] (the vocabulary the others share), [`config`] (every section, the
+//! 2026-07-28 face's included: a leaf, it imports no component), [`metrics`], [`admin`],
+//! [`shutdown`], [`app`] (wiring), [`sse`] (decoder/encoder), [`jsonrpc`] (routing fields, error
+//! bodies, and the one table of JSON-RPC codes of all faces), [`identity`] and [`jwt`] (who a
+//! caller is), [`echo`] (client values cut before they are echoed), [`demo`] and [`inspect`].
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]

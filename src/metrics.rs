@@ -34,6 +34,9 @@ pub const DROPPED_REASONS: [&str; 6] = [
     "slow_reader",
 ];
 
+/// `mcp_resume_tasks_total` label values.
+pub const TASK_STATUSES: [&str; 5] = ["created", "completed", "failed", "cancelled", "expired"];
+
 /// Reasons of `mcp_resume_requests_rejected_total`.
 pub const REJECT_REASONS: [&str; 6] = [
     "origin_not_allowed",
@@ -272,7 +275,7 @@ impl Metrics {
         }
         r.register(Box::new(m.tasks.clone())).unwrap();
         r.register(Box::new(m.pool_sessions.clone())).unwrap();
-        for s in crate::modern::tasks::TASK_STATUSES {
+        for s in TASK_STATUSES {
             m.tasks.with_label_values(&[s]);
         }
         // Materialise every label set so dashboards see zeros rather than gaps.

@@ -33,12 +33,12 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Request};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::Config;
+pub use crate::config::{Discover, ModernConfig};
 use crate::domain::Facade;
 use crate::facade::{read_client_body, Caller, Ctx, Resp};
 use crate::log::Log;
@@ -58,61 +58,6 @@ pub const SERVED_VERSIONS: [&str; 4] = ["2026-07-28", "2025-11-25", "2025-06-18"
 pub const TASKS_EXT: &str = "io.modelcontextprotocol/tasks";
 /// The `_meta` key of the server's identity on results.
 pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
-
-/// `[modern]`: the 2026-07-28 face.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct ModernConfig {
-    /// Most upstream sessions the pool keeps open at once (all identities together).
-    pub pool_max_sessions: usize,
-    /// Seconds an upstream session of the pool with nothing in flight stays open.
-    pub pool_idle_secs: u64,
-    /// Seconds a request waits for an upstream session when the pool is full of busy ones; then
-    /// it is answered with an error.
-    pub pool_wait_secs: u64,
-    /// `ttlMs` put on cacheable results (`tools/list`, … , `server/discover`); `cacheScope` is
-    /// always `"private"` (pools are per identity).
-    pub cache_ttl_ms: u64,
-    /// Seconds a parked MRTR call waits for the client's retry (the `requestState` lifetime).
-    pub input_ttl_secs: u64,
-    /// Most upstream sessions of the pool, most live listens and most running tasks one owner
-    /// may hold (each counted on its own): a verified identity, else one peer address.
-    pub max_per_identity: usize,
-    /// Seconds a `subscriptions/listen` stream lasts; then it ends gracefully (the client listens
-    /// again).
-    pub listen_max_secs: u64,
-    /// What `server/discover` offers (see [`Discover`]).
-    pub discover: Discover,
-}
-
-/// `modern.discover`: what `server/discover` tells dual-era clients.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Discover {
-    /// 2026-07-28 offered: dual-era and pinned clients get this stateless face, where a cut
-    /// response stream loses its call (the spec's rule: re-issue it, or use a task).
-    Advertise,
-    /// 2026-07-28 not offered: discover is answered `-32022` listing the sessionful versions, so
-    /// dual-era clients fall back to `initialize` at 2025-11-25, whose streams resume exactly.
-    /// Requests sent straight away at 2026-07-28 (clients pinned without discovery) are still
-    /// served; a pinned client that discovers first fails at connect, told why.
-    Resumable,
-}
-
-impl Default for ModernConfig {
-    fn default() -> Self {
-        Self {
-            pool_max_sessions: 64,
-            pool_idle_secs: 60,
-            pool_wait_secs: 10,
-            cache_ttl_ms: 0,
-            input_ttl_secs: 300,
-            max_per_identity: 8,
-            listen_max_secs: 3600,
-            discover: Discover::Resumable,
-        }
-    }
-}
 
 /// Methods whose requests may carry MRTR rounds (and lease an upstream session exclusively).
 const MRTR_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];

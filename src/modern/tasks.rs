@@ -29,13 +29,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use prometheus::IntCounterVec;
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
 use super::listen::Hub;
 use super::mrtr::{self, Pending, Responses};
 use super::pool::{UpCall, UpMsg};
+pub use crate::config::{TaskMode, TasksConfig};
 use crate::domain::{EndReason, Facade};
 use crate::error::{Error, Result, StoreError};
 use crate::identity::Identity;
@@ -47,9 +47,6 @@ use crate::session::Owner;
 const TASK_REQUEST: &str = "0";
 /// The stream of a task's events.
 const TASK_STREAM: StreamTag = StreamTag(2);
-/// `mcp_resume_tasks_total` label values.
-pub const TASK_STATUSES: [&str; 5] = ["created", "completed", "failed", "cancelled", "expired"];
-
 /// A task's status (`tasks/get`'s `status`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskStatus {
@@ -74,41 +71,6 @@ impl TaskStatus {
             TaskStatus::Completed => "completed",
             TaskStatus::Failed => "failed",
             TaskStatus::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// When a `tools/call` of a client that declared the extension becomes a task.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskMode {
-    /// Every such call.
-    Always,
-    /// A call still unanswered after `tasks.after_ms` (quick calls stay plain results).
-    After,
-}
-
-/// `[tasks]`: the Tasks extension on the 2026-07-28 face.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct TasksConfig {
-    /// `"always"` or `"after"`.
-    pub mode: TaskMode,
-    /// With `mode = "after"`: milliseconds a call may take before it becomes a task.
-    pub after_ms: u64,
-    /// Seconds a task (and its result) is kept from its creation (`ttlMs`).
-    pub ttl_secs: u64,
-    /// Milliseconds between polls suggested to clients (`pollIntervalMs`).
-    pub poll_interval_ms: u64,
-}
-
-impl Default for TasksConfig {
-    fn default() -> Self {
-        Self {
-            mode: TaskMode::After,
-            after_ms: 1000,
-            ttl_secs: 3600,
-            poll_interval_ms: 1000,
         }
     }
 }
@@ -506,7 +468,7 @@ impl Tasks {
             .as_ref()
             .and_then(|t| t["status"].as_str())
             .unwrap_or("failed");
-        if let Some(l) = TASK_STATUSES.iter().find(|s| **s == status) {
+        if let Some(l) = crate::metrics::TASK_STATUSES.iter().find(|s| **s == status) {
             self.counter.with_label_values(&[l]).inc();
         }
         tracing::info!(task = %sl.tag, status, "task finished");
