@@ -1,0 +1,319 @@
+//! Adversarial reproductions against issue 16's quotas and bounded queues (commits 53990e0 and
+//! 8319c0b): each test states the promise it checks and fails while the promise is broken.
+//!
+//! Everything on loopback (127.0.0.0/8), port 0, in front of the embedded demo upstream.
+//!
+//! Run: `cargo test --test adversary16`.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+use serde_json::{json, Value};
+use support::security::Target;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const V: &str = "2026-07-28";
+
+/// A modern request.
+fn req(id: Value, method: &str, mut params: Value, extra_meta: Value) -> Value {
+    let mut meta = json!({
+        "io.modelcontextprotocol/protocolVersion": V,
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "adversary16", "version": "0"},
+    });
+    for (k, v) in extra_meta.as_object().unwrap() {
+        meta[k] = v.clone();
+    }
+    params["_meta"] = meta;
+    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+fn call(id: i64, tool: &str, args: Value) -> Value {
+    req(
+        json!(id),
+        "tools/call",
+        json!({"name": tool, "arguments": args}),
+        json!({}),
+    )
+}
+
+fn listen(id: &str) -> Value {
+    req(
+        json!(id),
+        "subscriptions/listen",
+        json!({"notifications": {"toolsListChanged": true}}),
+        json!({}),
+    )
+}
+
+fn headers_for<'a>(msg: &'a Value, bearer: &'a Option<String>) -> Vec<(&'a str, &'a str)> {
+    let mut h: Vec<(&str, &str)> = vec![
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", V),
+        ("mcp-method", msg["method"].as_str().unwrap_or("")),
+    ];
+    if let Some(n) = msg["params"]["name"].as_str() {
+        h.push(("mcp-name", n));
+    }
+    if let Some(b) = bearer {
+        h.push(("authorization", b));
+    }
+    h
+}
+
+async fn post(t: &Target, msg: &Value, auth: Option<&str>) -> Resp {
+    let bearer = auth.map(|a| format!("Bearer {a}"));
+    let h = headers_for(msg, &bearer);
+    t.send("POST", "/mcp", &h, Some(&msg.to_string())).await
+}
+
+async fn answer(t: &Target, msg: &Value, auth: Option<&str>) -> Value {
+    let r = post(t, msg, auth).await;
+    assert_eq!(r.status, 200);
+    r.json().await
+}
+
+/// The raw bytes of a modern POST (HTTP/1.1, `Connection: keep-alive`).
+fn raw_post(addr: SocketAddr, msg: &Value, auth: Option<&str>) -> Vec<u8> {
+    let bearer = auth.map(|a| format!("Bearer {a}"));
+    let body = msg.to_string();
+    let mut s = format!(
+        "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers_for(msg, &bearer) {
+        s.push_str(&format!("{k}: {v}\r\n"));
+    }
+    s.push_str("\r\n");
+    s.push_str(&body);
+    s.into_bytes()
+}
+
+/// A raw connection from loopback address `from`, with a small receive buffer (so a client that
+/// stops reading fills the path quickly).
+async fn raw_connect(addr: SocketAddr, from: &str, rcvbuf: Option<u32>) -> TcpStream {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    if let Some(n) = rcvbuf {
+        sock.set_recv_buffer_size(n).unwrap();
+    }
+    sock.bind(SocketAddr::new(from.parse().unwrap(), 0))
+        .unwrap();
+    sock.connect(addr).await.unwrap()
+}
+
+fn pool_sessions(p: &mcp_resume_proxy::app::Running) -> f64 {
+    metric_value(&p.metrics.render(), "mcp_resume_upstream_pool_sessions")
+}
+
+async fn demo() -> Upstream {
+    Upstream::spawn(UpstreamOptions::default()).await.unwrap()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. A request dropped while its upstream session is being opened leaks its `opening` count.
+
+/// `Pool::lease` counts an open in `opening` (under the sessions lock) and uncounts it only after
+/// `open().await` returns. A client that half-closes its connection right after its request makes
+/// hyper drop the request future during that await: the count is never given back. Each address
+/// can leak `modern.max_per_identity` of them, and every leaked open counts toward
+/// `modern.pool_max_sessions` forever — here two anonymous addresses take the whole pool of 2 for
+/// good, and a third caller (who never did anything wrong) is refused with `capacity` from then
+/// on, though the pool holds no session at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_open_leaks_its_pool_slot_forever() {
+    let up = demo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&up.sse_url(), dir.path(), |c| {
+        c.modern.pool_max_sessions = 2;
+        c.modern.max_per_identity = 1;
+        c.modern.pool_wait_secs = 1;
+    })
+    .await;
+    for from in ["127.0.0.3", "127.0.0.4", "127.0.0.3", "127.0.0.4"] {
+        let mut s = raw_connect(p.addr, from, None).await;
+        s.write_all(&raw_post(
+            p.addr,
+            &call(1, "echo", json!({"text": "x"})),
+            None,
+        ))
+        .await
+        .unwrap();
+        // Half-close: hyper (no `half_close`) ends the connection, dropping the request future.
+        s.shutdown().await.unwrap();
+        let mut buf = Vec::new();
+        let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut buf)).await;
+    }
+    // (Each address tries twice: a drop that lands before the open leaks nothing.)
+    // Whatever the dropped opens were doing is long over.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(pool_sessions(&p), 0.0, "no session of the pool is open");
+    eprintln!(
+        "pool sessions {}, upstream sessions open {}",
+        pool_sessions(&p),
+        up.open_sessions()
+    );
+    let user = Target::plain(p.addr).via_peer("127.0.0.2");
+    let v = answer(&user, &call(2, "echo", json!({"text": "hello"})), None).await;
+    assert_eq!(
+        v["result"]["content"][0]["text"], "hello",
+        "an empty pool refused an innocent caller: {v}"
+    );
+    // And the dropped opens' own address is not locked out of its share for good either.
+    let again = Target::plain(p.addr).via_peer("127.0.0.3");
+    let v = answer(&again, &call(3, "echo", json!({"text": "again"})), None).await;
+    assert_eq!(
+        v["result"]["content"][0]["text"], "again",
+        "an address is locked out for good by one dropped request: {v}"
+    );
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A listen whose client stops reading outlives `modern.listen_max_secs` and pins its session.
+
+/// The listen task forwards each notification with `tx.send(b).await` *inside* its `select!`
+/// arm: once the client stops reading (its TCP window and the 32-frame stream queue full), that
+/// await never ends, and none of the other arms — `listen_max_secs`, drain, `tx.closed()` — is
+/// polled again. The Hub then drops the listener as fallen behind (the owner's listen slot is
+/// free again, `slow_reader` counted), but the task stays parked forever holding its `Pinned`
+/// upstream session: the pool never reaps it, `listen_max_secs` never ends it, and the owner may
+/// open another listen and park it the same way (listens of one owner beyond
+/// `modern.max_per_identity`, each holding a connection and its buffers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listen_that_stops_reading_outlives_listen_max_secs_and_pins_its_session() {
+    let up = demo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&up.sse_url(), dir.path(), |c| {
+        c.modern.listen_max_secs = 5;
+        c.modern.pool_idle_secs = 1;
+        c.modern.max_per_identity = 1;
+    })
+    .await;
+    let t = Target::plain(p.addr).via_peer("127.0.0.2");
+    let dropped = || {
+        metric_value(
+            &p.metrics.render(),
+            "mcp_resume_dropped_total{reason=\"slow_reader\"}",
+        )
+    };
+    let mut parked = Vec::new();
+    for round in 0..2 {
+        // A listen whose client never reads a byte (a 4 KiB receive buffer).
+        let mut s = raw_connect(p.addr, "127.0.0.2", Some(4096)).await;
+        s.write_all(&raw_post(p.addr, &listen(&format!("l{round}")), None))
+            .await
+            .unwrap();
+        parked.push(s);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Trickles of list changes (each under the Hub's 256) until the Hub gives up on it.
+        let before = dropped();
+        let mut n = 0;
+        while dropped() == before {
+            let v = answer(&t, &call(n, "list_changed", json!({"count": 200})), None).await;
+            assert_eq!(v["result"]["content"][0]["text"], "sent 200", "{v}");
+            n += 1;
+            assert!(n < 500, "the listen never fell behind");
+        }
+        eprintln!("listen {round} fell behind after {n} calls");
+    }
+    // Both listens are long past `listen_max_secs`, and the session would be past
+    // `pool_idle_secs` once they ended.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let streams = metric_value(
+        &p.metrics.render(),
+        "mcp_resume_client_streams_active{facade=\"streamable\"}",
+    );
+    let pool = pool_sessions(&p);
+    assert_eq!(
+        pool, 0.0,
+        "listens ended by listen_max_secs (and by falling behind) still pin their upstream \
+         session ({streams} client streams open, max_per_identity = 1)"
+    );
+    drop(parked);
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. One slow reader stalls the shared requests that land on its upstream session.
+
+/// A streaming `tools/call` (it asked for progress) whose client stops reading: its 32-frame
+/// stream queue fills, its route's 16 messages fill, and the session's pump blocks in
+/// `tx.send(..).await` — as designed, the slow reader holds its upstream back. But shared
+/// (non-exclusive) requests are placed on the least busy session of the key *including leased
+/// ones*: a `tools/list` of the same caller lands on the stalled session and its response, stuck
+/// behind the pump, never comes (there is no `upstream.request_timeout_secs` by default). Any
+/// other client sharing that identity (a JWT principal used by two agents, or a header identity
+/// used from two addresses) is stalled the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_streaming_reader_stalls_shared_requests_on_its_session() {
+    let up = demo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
+    // Progress for each of 200 000 steps, unpaced; the client never reads.
+    let flood = req(
+        json!(1),
+        "tools/call",
+        json!({"name": "count", "arguments": {"n": 200_000, "interval_ms": 0}}),
+        json!({"progressToken": "p"}),
+    );
+    let mut s = raw_connect(p.addr, "127.0.0.2", Some(4096)).await;
+    s.write_all(&raw_post(p.addr, &flood, Some("alice")))
+        .await
+        .unwrap();
+    // Long enough for the path to fill and the pump to block.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(pool_sessions(&p), 1.0);
+    // The same caller lists its tools: a shared request, placed on that session.
+    let t = Target::plain(p.addr).via_peer("127.0.0.2");
+    let list = req(json!(2), "tools/list", json!({}), json!({}));
+    let got = tokio::time::timeout(Duration::from_secs(10), answer(&t, &list, Some("alice"))).await;
+    match got {
+        Ok(v) => assert!(v["result"]["tools"].is_array(), "{v}"),
+        Err(_) => panic!(
+            "tools/list unanswered after 10 s: it shares the upstream session whose pump is \
+             blocked behind another request's slow reader"
+        ),
+    }
+    drop(s);
+    p.stop().await;
+}
+
+/// The same slow streaming reader with `upstream.request_timeout_secs = 2`: `drive` awaits
+/// `emit` (a bounded `sink.send`) inside its `select!` arm, so while the client does not read,
+/// neither the request timeout, nor drain, nor `sink.closed()` is ever polled. The call holds its
+/// exclusive upstream session (the owner's whole share here) long past the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_streaming_reader_is_never_timed_out() {
+    let up = demo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&up.sse_url(), dir.path(), |c| {
+        c.upstream.request_timeout_secs = 2;
+        c.modern.max_per_identity = 1;
+        c.modern.pool_wait_secs = 1;
+    })
+    .await;
+    let flood = req(
+        json!(1),
+        "tools/call",
+        json!({"name": "count", "arguments": {"n": 200_000, "interval_ms": 0}}),
+        json!({"progressToken": "p"}),
+    );
+    let mut s = raw_connect(p.addr, "127.0.0.2", Some(4096)).await;
+    s.write_all(&raw_post(p.addr, &flood, None)).await.unwrap();
+    // Twice the request timeout.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let t = Target::plain(p.addr).via_peer("127.0.0.2");
+    let v = answer(&t, &call(2, "echo", json!({"text": "hello"})), None).await;
+    assert_eq!(
+        v["result"]["content"][0]["text"], "hello",
+        "a call past upstream.request_timeout_secs still holds the caller's upstream session: {v}"
+    );
+    drop(s);
+    p.stop().await;
+}
