@@ -694,16 +694,23 @@ impl Pool {
                     })
                 }
                 Take::Open => {
-                    let opened = self.open(key, owner).await;
-                    self.opened(owner);
-                    let session = opened?;
+                    // Given back however the open ends: with its session, failed, or dropped
+                    // with the request future (a client that went away mid-open).
+                    let slot = OpenSlot { pool: self, owner };
+                    let session = self.open(key, owner).await?;
                     let mut st = session.lock();
                     if exclusive {
                         st.leased = true;
                     }
                     drop(st);
-                    self.sessions().push(session.clone());
-                    self.gauge.set(self.len() as i64);
+                    {
+                        // The count becomes the session in one step (lock order: sessions,
+                        // then opening, as in `try_take`).
+                        let mut all = self.sessions();
+                        all.push(session.clone());
+                        drop(slot);
+                        self.gauge.set(all.len() as i64);
+                    }
                     return Ok(Lease {
                         session,
                         exclusive,
@@ -835,6 +842,7 @@ impl Pool {
         });
         let pump = tokio::spawn(pump(session.clone(), reader, self.hub.clone()));
         *session.pump.lock().unwrap_or_else(|e| e.into_inner()) = Some(pump.abort_handle());
+        let mut armed = KillUnlessOpened(Some(session.clone()));
         let (id, mut rx) = session.route(false);
         let init = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
             "protocolVersion": UPSTREAM_VERSION,
@@ -881,6 +889,7 @@ impl Pool {
                 )
                 .await;
         }
+        armed.0 = None;
         tracing::debug!(upstream = session.n, "upstream session of the pool opened");
         Ok(session)
     }
@@ -913,6 +922,30 @@ impl Pool {
             s.kill();
         }
         self.gauge.set(0);
+    }
+}
+
+/// An open counted in [`Pool::opening`]; uncounted when dropped.
+struct OpenSlot<'a> {
+    pool: &'a Pool,
+    owner: Owner,
+}
+
+impl Drop for OpenSlot<'_> {
+    fn drop(&mut self) {
+        self.pool.opened(self.owner);
+    }
+}
+
+/// Kills a session being opened unless disarmed: an open dropped mid-handshake leaves no pump
+/// (and no upstream session) behind.
+struct KillUnlessOpened(Option<Arc<UpSession>>);
+
+impl Drop for KillUnlessOpened {
+    fn drop(&mut self) {
+        if let Some(s) = self.0.take() {
+            s.kill();
+        }
     }
 }
 
