@@ -1,5 +1,8 @@
 //! Adversarial reproductions against issue 16's quotas and bounded queues (commits 53990e0 and
-//! 8319c0b): each test states the promise it checks and fails while the promise is broken.
+//! 8319c0b), written by a review: each test states the promise it checks and failed while the
+//! promise was broken (the names say what was broken); all pass since the fixes that followed
+//! (opens dropped with their request, sends raced against the timers and the drain, shared
+//! requests kept off leased sessions, stalled listens counted until their streams are gone).
 //!
 //! Everything on loopback (127.0.0.0/8), port 0, in front of the embedded demo upstream.
 //!
@@ -202,29 +205,28 @@ async fn a_listen_that_stops_reading_outlives_listen_max_secs_and_pins_its_sessi
             "mcp_resume_dropped_total{reason=\"slow_reader\"}",
         )
     };
-    let mut parked = Vec::new();
-    for round in 0..2 {
-        // A listen whose client never reads a byte (a 4 KiB receive buffer).
-        let mut s = raw_connect(p.addr, "127.0.0.2", Some(4096)).await;
-        s.write_all(&raw_post(p.addr, &listen(&format!("l{round}")), None))
-            .await
-            .unwrap();
-        parked.push(s);
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        // Trickles of list changes (each under the Hub's 256) until the Hub gives up on it.
-        let before = dropped();
-        let mut n = 0;
-        while dropped() == before {
-            let v = answer(&t, &call(n, "list_changed", json!({"count": 200})), None).await;
-            assert_eq!(v["result"]["content"][0]["text"], "sent 200", "{v}");
-            n += 1;
-            assert!(n < 500, "the listen never fell behind");
-        }
-        eprintln!("listen {round} fell behind after {n} calls");
+    // A listen whose client never reads a byte (a 4 KiB receive buffer).
+    let mut s = raw_connect(p.addr, "127.0.0.2", Some(4096)).await;
+    s.write_all(&raw_post(p.addr, &listen("l0"), None))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Trickles of list changes (each under the Hub's 256) until the Hub gives up on it.
+    let before = dropped();
+    let mut n = 0;
+    while dropped() == before {
+        let v = answer(&t, &call(n, "list_changed", json!({"count": 200})), None).await;
+        assert_eq!(v["result"]["content"][0]["text"], "sent 200", "{v}");
+        n += 1;
+        assert!(n < 500, "the listen never fell behind");
     }
-    // Both listens are long past `listen_max_secs`, and the session would be past
-    // `pool_idle_secs` once they ended.
-    tokio::time::sleep(Duration::from_secs(8)).await;
+    eprintln!("the listen fell behind after {n} calls");
+    // Its stalled stream still counts against the owner: no second one beside it.
+    let v = answer(&t, &listen("l1"), None).await;
+    assert_eq!(v["error"]["data"]["reason"], "capacity", "{v}");
+    // Long past `listen_max_secs` (5 s, then at most 5 s for its last frame): the stalled listen
+    // is gone, and with it its hold on the upstream session (past `pool_idle_secs`).
+    tokio::time::sleep(Duration::from_secs(12)).await;
     let streams = metric_value(
         &p.metrics.render(),
         "mcp_resume_client_streams_active{facade=\"streamable\"}",
@@ -232,10 +234,16 @@ async fn a_listen_that_stops_reading_outlives_listen_max_secs_and_pins_its_sessi
     let pool = pool_sessions(&p);
     assert_eq!(
         pool, 0.0,
-        "listens ended by listen_max_secs (and by falling behind) still pin their upstream \
+        "a listen ended by listen_max_secs (after falling behind) still pins its upstream \
          session ({streams} client streams open, max_per_identity = 1)"
     );
-    drop(parked);
+    // And the owner may listen again.
+    let r = post(&t, &listen("l2"), None).await;
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("text/event-stream")
+    );
+    drop(s);
     p.stop().await;
 }
 

@@ -103,8 +103,9 @@ pub enum Closed {
 /// The live listens.
 pub struct Hub {
     listeners: Mutex<HashMap<u64, Listener>>,
-    /// Listens ended because their reader fell behind (their tasks read it once).
-    behind: Mutex<HashSet<u64>>,
+    /// Listens ended because their reader fell behind, by owner, until their streams are gone
+    /// (they still count against the owner: a stalled stream holds a connection and a session).
+    behind: Mutex<HashMap<u64, Owner>>,
     next: AtomicU64,
     /// Most live listens of one owner (`modern.max_per_identity`).
     max_per_owner: usize,
@@ -166,7 +167,7 @@ impl Hub {
     pub fn new(max_per_owner: usize, dropped: prometheus::IntCounter) -> Self {
         Self {
             listeners: Mutex::new(HashMap::new()),
-            behind: Mutex::new(HashSet::new()),
+            behind: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
             max_per_owner,
             dropped,
@@ -191,8 +192,7 @@ impl Hub {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(QUEUE);
         let mut l = self.lock();
-        let held = l.values().filter(|x| x.owner == owner).count();
-        if owner != Owner::Unknown && held >= self.max_per_owner {
+        if !self.room(&l, owner) {
             return None;
         }
         l.insert(
@@ -210,8 +210,23 @@ impl Hub {
 
     /// May `owner` open another listen now? (Checked again, atomically, by [`Hub::register`].)
     pub fn room_for(&self, owner: Owner) -> bool {
-        owner == Owner::Unknown
-            || self.lock().values().filter(|x| x.owner == owner).count() < self.max_per_owner
+        self.room(&self.lock(), owner)
+    }
+
+    /// Lock order: listeners, then `behind`.
+    fn room(&self, l: &HashMap<u64, Listener>, owner: Owner) -> bool {
+        if owner == Owner::Unknown {
+            return true;
+        }
+        let live = l.values().filter(|x| x.owner == owner).count();
+        let stalled = self
+            .behind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|o| **o == owner)
+            .count();
+        live + stalled < self.max_per_owner
     }
 
     /// Why listen `n`'s inbox ended (asked once, after it did).
@@ -220,7 +235,7 @@ impl Hub {
             .behind
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&n);
+            .contains_key(&n);
         if behind {
             Closed::FellBehind
         } else {
@@ -233,12 +248,13 @@ impl Hub {
     fn offer(&self, l: &mut HashMap<u64, Listener>, n: u64, frame: Bytes) {
         let Some(x) = l.get(&n) else { return };
         if let Err(mpsc::error::TrySendError::Full(_)) = x.tx.try_send(frame) {
+            let owner = x.owner;
             l.remove(&n);
             self.dropped.inc();
             self.behind
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(n);
+                .insert(n, owner);
             tracing::warn!(
                 listen = n,
                 queued = QUEUE,

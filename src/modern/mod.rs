@@ -395,6 +395,28 @@ async fn draining(drain: &mut watch::Receiver<bool>) {
     let _ = drain.wait_for(|d| *d).await;
 }
 
+/// Sleeps until `at`; never wakes without one.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Why a call stopped before its answer.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    /// Its client went away.
+    Gone,
+    /// `upstream.request_timeout_secs` passed.
+    TimedOut,
+    /// The proxy drains.
+    Drained,
+}
+
+/// How long the last frame of a stream may wait for a client that does not read.
+const LAST_FRAME_WAIT: Duration = Duration::from_secs(5);
+
 /// Where a call's messages go: a client SSE stream, or nowhere (a JSON answer).
 type Sink = Option<mpsc::Sender<Bytes>>;
 
@@ -619,7 +641,7 @@ impl Modern {
                 Ended::Refused(r) => error_msg(&inb.id, r.code, &r.message, r.data),
                 Ended::Gone => return,
             };
-            let _ = tx.send(listen::frame(&last)).await;
+            let _ = tokio::time::timeout(LAST_FRAME_WAIT, tx.send(listen::frame(&last))).await;
         });
         sse(rx, &self.metrics)
     }
@@ -677,17 +699,22 @@ impl Modern {
         let mut drain = self.drain.clone();
         let started = tokio::time::Instant::now();
         let mut keepalive = tokio::time::interval_at(started + self.keepalive, self.keepalive);
-        let emit = |msg: Value| {
+        // `upstream.request_timeout_secs`, per client request (a retry starts it anew).
+        let timeout_at = self.cfg.request_timeout().map(|d| started + d);
+        // A send to a client that stops reading waits — but never past the request's timeout or
+        // the drain: those end the call while the send is pending too.
+        let emit = |frame: Bytes| {
             let sink = sink.clone();
+            let mut drain = self.drain.clone();
             async move {
-                match sink {
-                    Some(s) => s.send(listen::frame(&msg)).await.is_ok(),
-                    None => true,
+                let s = sink?;
+                tokio::select! {
+                    r = s.send(frame) => r.is_err().then_some(Stop::Gone),
+                    _ = until(timeout_at) => Some(Stop::TimedOut),
+                    _ = draining(&mut drain) => Some(Stop::Drained),
                 }
             }
         };
-        // `upstream.request_timeout_secs`, per client request (a retry starts it anew).
-        let timeout_at = self.cfg.request_timeout().map(|d| started + d);
         if task_after == Some(Duration::ZERO) {
             // `tasks.mode = "always"`: a task whatever the upstream's pace — not a race between
             // a zero timer and an answer that is already there.
@@ -710,8 +737,8 @@ impl Modern {
                         if let (Some(tok), Some(o)) = (&inb.progress, p.as_object_mut()) {
                             o.insert("progressToken".into(), tok.clone());
                             let n = json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": p});
-                            if !emit(n).await {
-                                return Ended::Gone;
+                            if let Some(stop) = emit(listen::frame(&n)).await {
+                                return self.stopped(stop, inb);
                             }
                         }
                     }
@@ -720,8 +747,8 @@ impl Modern {
                         if let (Some(want), Some(got)) = (inb.log_level, lvl) {
                             if got >= want {
                                 let n = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": p});
-                                if !emit(n).await {
-                                    return Ended::Gone;
+                                if let Some(stop) = emit(listen::frame(&n)).await {
+                                    return self.stopped(stop, inb);
                                 }
                             }
                         }
@@ -782,29 +809,43 @@ impl Modern {
                         }
                     }
                 }
-                _ = async { tokio::time::sleep_until(timeout_at.expect("guarded")).await }, if timeout_at.is_some() => {
-                    // Dropped unfinished: the upstream call is cancelled.
-                    drop(call);
-                    let secs = self.cfg.upstream.request_timeout_secs;
-                    return Ended::Answer(error_msg(&inb.id, crate::jsonrpc::REQUEST_TIMEOUT,
-                        &format!("upstream did not answer within {secs} s (upstream.request_timeout_secs)"),
-                        Some(json!({"reason": "request_timeout", "timeout_secs": secs}))));
-                }
+                // (The call, dropped unfinished on return, is cancelled upstream.)
+                _ = until(timeout_at), if timeout_at.is_some() => return self.stopped(Stop::TimedOut, inb),
                 _ = keepalive.tick(), if sink.is_some() => {
-                    if let Some(s) = &sink {
-                        if s.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
-                            return Ended::Gone;
-                        }
+                    if let Some(stop) = emit(Bytes::from_static(KEEPALIVE)).await {
+                        return self.stopped(stop, inb);
                     }
                 }
                 _ = async { if let Some(s) = &sink { s.closed().await } else { std::future::pending().await } } => {
                     return Ended::Gone;
                 }
-                _ = draining(&mut drain) => {
-                    return Ended::Answer(error_msg(&inb.id, crate::jsonrpc::INFLIGHT_ABORTED,
-                        "request aborted: the proxy is shutting down", Some(json!({"reason": "shutdown"}))));
-                }
+                _ = draining(&mut drain) => return self.stopped(Stop::Drained, inb),
             }
+        }
+    }
+
+    /// The end of a call stopped before its answer (its `UpCall`, dropped unfinished by the
+    /// caller, is cancelled upstream).
+    fn stopped(&self, why: Stop, inb: &Inbound) -> Ended {
+        match why {
+            Stop::Gone => Ended::Gone,
+            Stop::TimedOut => {
+                let secs = self.cfg.upstream.request_timeout_secs;
+                Ended::Answer(error_msg(
+                    &inb.id,
+                    crate::jsonrpc::REQUEST_TIMEOUT,
+                    &format!(
+                        "upstream did not answer within {secs} s (upstream.request_timeout_secs)"
+                    ),
+                    Some(json!({"reason": "request_timeout", "timeout_secs": secs})),
+                ))
+            }
+            Stop::Drained => Ended::Answer(error_msg(
+                &inb.id,
+                crate::jsonrpc::INFLIGHT_ABORTED,
+                "request aborted: the proxy is shutting down",
+                Some(json!({"reason": "shutdown"})),
+            )),
         }
     }
 
@@ -923,15 +964,28 @@ impl Modern {
                 if tx.send(listen::ack(&filter, &sub_id)).await.is_err() {
                     return None;
                 }
+                let end_at = started + lifetime;
+                // A send to a client that stops reading waits, but not past the listen's
+                // lifetime or the drain (its session stays pinned only while it is served).
+                let send = |b: Bytes| {
+                    let (tx, mut drain) = (tx.clone(), me.drain.clone());
+                    async move {
+                        tokio::select! {
+                            r = tx.send(b) => r.is_ok().then_some(()).ok_or(None),
+                            _ = tokio::time::sleep_until(end_at) => Err(Some(listen::Closed::Ended)),
+                            _ = draining(&mut drain) => Err(Some(listen::Closed::Ended)),
+                        }
+                    }
+                };
                 loop {
                     tokio::select! {
                         m = inbox.recv() => match m {
-                            Some(b) => if tx.send(b).await.is_err() { return None },
+                            Some(b) => if let Err(end) = send(b).await { return end },
                             None => return Some(me.hub.closed(n)),
                         },
                         _ = keepalive.tick() => {
-                            if tx.send(Bytes::from_static(KEEPALIVE)).await.is_err() {
-                                return None;
+                            if let Err(end) = send(Bytes::from_static(KEEPALIVE)).await {
+                                return end;
                             }
                         }
                         _ = tx.closed() => return None,
@@ -953,12 +1007,15 @@ impl Modern {
                 ))),
                 None => None,
             };
-            if let Some(last) = last {
-                let _ = tx.send(last).await;
-            }
+            // The listen's hold on its session and its slot end first; then its last frame
+            // waits (a little) for a client that may not read.
             drop(registered);
             for uri in &uris {
                 pinned.session().unsubscribe(uri).await;
+            }
+            drop(pinned);
+            if let Some(last) = last {
+                let _ = tokio::time::timeout(LAST_FRAME_WAIT, tx.send(last)).await;
             }
         });
         sse(rx, &self.metrics)

@@ -747,9 +747,9 @@ impl Pool {
         let mut all = self.sessions();
         all.retain(|s| !s.is_dead());
         self.gauge.set(all.len() as i64);
-        let mine = all.iter().filter(|s| &s.key == key);
+        let mine = || all.iter().filter(|s| &s.key == key);
         if exclusive {
-            for s in mine {
+            for s in mine() {
                 let mut st = s.lock();
                 if !st.leased && st.routes.is_empty() {
                     st.leased = true;
@@ -757,17 +757,22 @@ impl Pool {
                     return Take::Got(s.clone());
                 }
             }
-        } else {
-            // The least busy session of the key, preferring ones nobody leased.
-            let best = mine
+        }
+        // A shared request: the least busy session of the key nobody leased. A leased one only
+        // when no other can be opened: its lease holder's slow reader may hold its pump back, and
+        // a shared answer would wait behind it.
+        let mut leased: Option<Arc<UpSession>> = None;
+        if !exclusive {
+            let best = mine()
                 .map(|s| {
                     let st = s.lock();
                     ((st.leased, st.routes.len()), s)
                 })
-                .min_by_key(|(k, _)| *k)
-                .map(|(_, s)| s.clone());
-            if let Some(s) = best {
-                return Take::Got(s);
+                .min_by_key(|(k, _)| *k);
+            match best {
+                Some(((false, _), s)) => return Take::Got(s.clone()),
+                Some((_, s)) => leased = Some(s.clone()),
+                None => {}
             }
         }
         let idle = |s: &Arc<UpSession>| {
@@ -791,9 +796,10 @@ impl Pool {
                     .filter(|(_, s)| s.owner == owner && idle(s))
                     .min_by_key(|(_, s)| s.lock().last_used)
                     .map(|(i, _)| i);
-                match own {
-                    Some(i) => victim = Some(i),
-                    None => return Take::OwnerFull,
+                match (own, leased.clone()) {
+                    (Some(i), _) => victim = Some(i),
+                    (None, Some(s)) => return Take::Got(s),
+                    (None, None) => return Take::OwnerFull,
                 }
             }
         }
@@ -806,7 +812,7 @@ impl Pool {
                 .min_by_key(|(_, s)| s.lock().last_used)
                 .map(|(i, _)| i);
             if victim.is_none() {
-                return Take::Full;
+                return leased.map_or(Take::Full, Take::Got);
             }
         }
         if let Some(i) = victim {
