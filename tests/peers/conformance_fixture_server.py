@@ -80,7 +80,12 @@ SESSIONS: "weakref.WeakSet[ServerSession]" = weakref.WeakSet()
 class TrackedSession(ServerSession):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.tag = uuid.uuid4().hex[:6]
         SESSIONS.add(self)
+
+
+def tag(session: ServerSession) -> str:
+    return getattr(session, "tag", "?")
 
 
 # Server.run builds its session from this module global.
@@ -116,6 +121,7 @@ async def ask(session: ServerSession, key: str, method: str, params: dict[str, A
     send, recv = anyio.create_memory_object_stream[Any](1)
     streams[rid] = send
     try:
+        log(f"[{tag(session)}] asks {method} id={rid!r}")
         req = types.JSONRPCRequest(jsonrpc="2.0", id=rid, method=method, params=params)
         await session._write_stream.send(SessionMessage(message=types.JSONRPCMessage(req)))  # noqa: SLF001
         with anyio.fail_after(ASK_TIMEOUT_S):
@@ -124,6 +130,7 @@ async def ask(session: ServerSession, key: str, method: str, params: dict[str, A
         streams.pop(rid, None)
         await send.aclose()
         await recv.aclose()
+    log(f"[{tag(session)}] answer to {rid!r}: {'error' if isinstance(resp, types.JSONRPCError) else 'result'}")
     if isinstance(resp, types.JSONRPCError):
         raise McpError(resp.error)
     return resp.result or {}
@@ -323,6 +330,14 @@ def build() -> tuple[lowlevel.Server, InitializationOptions]:
         c = rctx()
         session: ServerSession = c.session
         token = c.meta.progressToken if c.meta else None
+        log(f"[{tag(session)}] tools/call {name} id={c.request_id!r}")
+        try:
+            return await call_tool_inner(name, args, session, token)
+        except BaseException as e:
+            log(f"[{tag(session)}] tools/call {name} id={c.request_id!r} ended by {type(e).__name__}: {e}")
+            raise
+
+    async def call_tool_inner(name: str, args: dict[str, Any], session: ServerSession, token: Any) -> types.ServerResult:
 
         if name == "test_simple_text":
             return result(text("This is a simple text response for testing."))
@@ -662,7 +677,12 @@ def sse_app(server: lowlevel.Server, init: InitializationOptions) -> Starlette:
 
     async def handle_sse(request: Request) -> Response:
         async with sse.connect_sse(request.scope, request.receive, request._send) as streams:  # noqa: SLF001
-            await server.run(streams[0], streams[1], init)
+            try:
+                await server.run(streams[0], streams[1], init)
+            except BaseException as e:
+                log(f"a session ended by {type(e).__name__}: {e!r}")
+                raise
+        log(f"an SSE stream ended (sessions open: {len(SESSIONS)})")
         return Response()
 
     return Starlette(routes=[Route("/sse", endpoint=handle_sse, methods=["GET"]),
