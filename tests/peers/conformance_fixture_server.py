@@ -756,6 +756,16 @@ def main() -> int:
     if not 0 < args.port < 65536:
         ap.error("port out of range")
     orphan_exit = os.environ.get("PEER_ORPHAN_EXIT", "1") != "0"
+    import logging
+
+    # The SDK logs a message it cannot take only at debug level, right after its warning: keep that
+    # one on stderr (with the warnings), not the rest of its debug log.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.addFilter(lambda r: r.levelno >= logging.WARNING
+                      or r.getMessage().startswith("Message that failed validation"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger().setLevel(logging.DEBUG)
     try:
         return anyio.run(serve, args.port, args.lifetime, orphan_exit)
     except KeyboardInterrupt:
