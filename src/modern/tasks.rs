@@ -107,7 +107,8 @@ pub fn iso(ms: u64) -> String {
 }
 
 enum Ctl {
-    Update(Responses),
+    /// `tasks/update`; acknowledged once the answered requests are off the task's view.
+    Update(Responses, tokio::sync::oneshot::Sender<()>),
     Cancel,
 }
 
@@ -402,15 +403,20 @@ impl Tasks {
                     }
                 },
                 c = ctl.recv() => match c {
-                    Some(Ctl::Update(responses)) => {
+                    Some(Ctl::Update(responses, applied)) => {
                         let answered: Vec<Pending> = {
                             let mut v = live.view.lock().unwrap_or_else(|e| e.into_inner());
                             let (hit, keep): (Vec<_>, Vec<_>) = v.inputs.drain(..).partition(|p| {
                                 responses.get(&p.key).is_some()
                             });
                             v.inputs = keep;
+                            if !hit.is_empty() && v.inputs.is_empty() {
+                                v.status = TaskStatus::Working;
+                            }
                             hit
                         };
+                        // A `tasks/get` after the acknowledgement sees the answered requests gone.
+                        let _ = applied.send(());
                         if answered.is_empty() {
                             continue;
                         }
@@ -586,7 +592,11 @@ impl Tasks {
         };
         let ctl = self.lock().get(&sl.id).map(|l| l.ctl.clone());
         if let Some(ctl) = ctl {
-            let _ = ctl.send(Ctl::Update(responses)).await;
+            let (applied, done) = tokio::sync::oneshot::channel();
+            if ctl.send(Ctl::Update(responses, applied)).await.is_ok() {
+                // (A task that finishes meanwhile drops it: nothing left to apply.)
+                let _ = tokio::time::timeout(Duration::from_secs(5), done).await;
+            }
         }
         true
     }
