@@ -986,7 +986,13 @@ async fn pump(session: Arc<UpSession>, mut reader: UpstreamReader, hub: Arc<Hub>
                     "upstream event over upstream.max_event_bytes dropped"
                 );
             }
-            Ok(None) | Err(_) => break,
+            Ok(None) => break,
+            Err(e) => {
+                // (Diagnostic for the conformance race where a session is lost right after a
+                // task's input response: was it the stream that failed, and how?)
+                tracing::warn!(upstream = session.n, error = %crate::error::chain(&e), "upstream stream of a pool session failed");
+                break;
+            }
         }
     }
     tracing::info!(upstream = session.n, "upstream session of the pool lost");
