@@ -986,7 +986,13 @@ async fn pump(session: Arc<UpSession>, mut reader: UpstreamReader, hub: Arc<Hub>
                     "upstream event over upstream.max_event_bytes dropped"
                 );
             }
-            Ok(None) => break,
+            Ok(None) => {
+                tracing::info!(
+                    upstream = session.n,
+                    "the upstream ended the stream of a pool session"
+                );
+                break;
+            }
             Err(e) => {
                 // (Diagnostic for the conformance race where a session is lost right after a
                 // task's input response: was it the stream that failed, and how?)
