@@ -722,6 +722,8 @@ pub(crate) struct Store {
     seg_size: u64,
     /// Payload bytes one writer turn takes at most (but at least one op).
     turn_bytes: usize,
+    /// Bytes of the reserve file a degraded log gives up to write the records it owes.
+    reserve_bytes: usize,
     /// Bytes compaction reads per turn at least.
     compact_slice: usize,
     metrics: Metrics,
@@ -765,6 +767,7 @@ impl Store {
             max_total: cfg.max_total_bytes,
             seg_size: segment_size(cfg.max_total_bytes),
             turn_bytes,
+            reserve_bytes: (cfg.max_total_bytes / 64).clamp(64 << 10, 1 << 20) as usize,
             compact_slice: writer::COMPACT_SLICE,
             metrics,
             logs: Mutex::new(HashMap::new()),

@@ -2564,6 +2564,68 @@ mod tests {
         });
     }
 
+    /// A disk with no byte left: the only way out is to reclaim the segments of an ended session
+    /// the app removes — but a segment whose records died by a remove may go only once that
+    /// remove record is durable (`an_evicted_session_does_not_come_back_in_part`), and the record
+    /// itself found no room: the log stayed degraded until `log.store_error_exit_secs` (seen
+    /// under load in `tests/storage.rs a_full_disk_heals_in_process_by_reclaiming_dead_segments`).
+    /// The log's reserve file is given up for the records it owes; then the segments go, the log
+    /// is ready again with nothing freed from outside, and the reserve comes back.
+    #[test]
+    fn a_disk_with_no_byte_left_heals_by_the_reserve() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.seg_size = 256 << 10;
+            sim.start().await;
+            let (k, b) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            for i in 0..40 {
+                send(&mut sim, b, &format!("b-{i}-{}", "x".repeat(60_000)));
+                sim.turn().await;
+            }
+            let lb = log_of(&sim, b).unwrap();
+            sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
+            sim.turn().await;
+            send(&mut sim, k, "k-1");
+            sim.turn().await;
+            assert!(sim.fs.list().unwrap().contains(&".reserve".to_string()));
+            // Not one byte more.
+            let mut f = sim.fs.faults();
+            f.capacity = Some(sim.fs.used());
+            sim.fs.set_faults(f);
+            send(&mut sim, k, &format!("k-2-{}", "y".repeat(4000)));
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            // The app removes the ended session (its retention is over).
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: b, done });
+            for _ in 0..4 {
+                tokio::time::advance(Duration::from_millis(1100)).await;
+                sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            }
+            assert_eq!(
+                *sim.store().health.borrow(),
+                Health::Ok,
+                "healed with nothing freed from outside"
+            );
+            assert!(log_of(&sim, b).is_none());
+            tokio::time::advance(Duration::from_millis(1100)).await;
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert!(
+                sim.fs.list().unwrap().contains(&".reserve".to_string()),
+                "the reserve is back once there is room"
+            );
+            restart(&mut sim, Loss::All).await;
+            assert!(log_of(&sim, b).is_none(), "removed, and stays removed");
+            let got: Vec<String> = payloads(&log_of(&sim, k).unwrap())
+                .into_iter()
+                .map(|(_, _, p)| p)
+                .collect();
+            assert_eq!(got[0], "k-1", "{got:?}");
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+        });
+    }
+
     /// An end that failed (out of space) is retried a second later; a remove of the session
     /// that fits meanwhile is written first. The retried end's chunk and meta then follow the
     /// remove record in the log, and recovery brings the removed session back.

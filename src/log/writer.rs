@@ -52,6 +52,8 @@ const CHUNK_BYTES: usize = 64 * 1024;
 pub(crate) const COMPACT_SLICE: usize = 1024 * 1024;
 /// How often a degraded log retries the ends it owes.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// The reserve file (see [`Writer::hold_reserve`]); not a segment name, so recovery ignores it.
+const RESERVE: &str = ".reserve";
 
 // === state ===
 
@@ -466,6 +468,10 @@ pub(crate) struct Writer {
     /// session back (its later records in other segments). Cleared after a turn that left no
     /// record owed.
     dead_unsure: BTreeSet<u64>,
+    /// The reserve file is in place (see [`Writer::hold_reserve`]).
+    reserve_held: bool,
+    /// This turn writes only the records owed (the reserve was just given up for them).
+    owed_only: bool,
 }
 
 /// Why a turn was not written.
@@ -682,7 +688,7 @@ impl Writer {
     pub(crate) fn new(store: Arc<Store>, state: State) -> Self {
         let active = state.segs[&state.active].seg.clone();
         let active_len = state.segs[&state.active].len;
-        Writer {
+        let mut w = Writer {
             store,
             st: state,
             active,
@@ -698,7 +704,12 @@ impl Writer {
             last_retry: tokio::time::Instant::now(),
             probe: 0,
             dead_unsure: BTreeSet::new(),
-        }
+            reserve_held: false,
+            owed_only: false,
+        };
+        // A reserve for the records a full disk may owe (see `hold_reserve`).
+        w.hold_reserve();
+        w
     }
 
     /// Bytes the last turn wrote.
@@ -743,6 +754,22 @@ impl Writer {
         } else {
             self.degraded_since = None;
         }
+        match self.health() {
+            Health::Ok if !self.reserve_held && self.last_retry.elapsed() >= RETRY_EVERY => {
+                self.last_retry = tokio::time::Instant::now();
+                self.hold_reserve();
+            }
+            // Records owed (an eviction's remove, a trim), or a remove asked for: their
+            // records may have no byte left to go to, and without them nothing can be reclaimed.
+            Health::Degraded
+                if self.reserve_held
+                    && (!self.st.internal.is_empty()
+                        || ops.iter().any(|op| matches!(op, Op::Remove { .. }))) =>
+            {
+                self.release_reserve()
+            }
+            _ => {}
+        }
         self.rotate_if_full();
         let mut t = Turn {
             compaction_before: self.compaction,
@@ -774,7 +801,7 @@ impl Writer {
         // A turn takes ops up to about `turn_bytes` of events; the rest wait for the next turn, so
         // the bounds applied after each turn are never overshot by more than one turn. Over the
         // disk bound, ops that carry events wait for compaction.
-        let throttled = self.throttled();
+        let throttled = self.throttled() || std::mem::take(&mut self.owed_only);
         let mut planned = 0usize;
         let mut taken = 0usize;
         for op in ops.iter() {
@@ -959,13 +986,66 @@ impl Writer {
         }
     }
 
+    /// Keeps a reserve file of `reserve_bytes` in the data dir while the log is healthy. Out of
+    /// space, the log still owes records (a remove, a trim: the causes of deaths) that must be
+    /// durable before the segments they empty can be reclaimed; on a disk with no byte left they
+    /// could never be written, and the log could never heal. Giving up the reserve makes room
+    /// for exactly them ([`Writer::release_reserve`]).
+    pub(crate) fn hold_reserve(&mut self) {
+        let want = self.store.reserve_bytes;
+        let fs = self.store.fs.clone();
+        let made = fs.create(RESERVE).and_then(|f| {
+            let block = vec![0u8; 64 * 1024];
+            let mut off = 0usize;
+            while off < want {
+                let n = (want - off).min(block.len());
+                f.write_all_at(&block[..n], off as u64)?;
+                off += n;
+            }
+            Ok(())
+        });
+        match made {
+            Ok(()) => self.reserve_held = true,
+            Err(e) => {
+                let _ = fs.remove(RESERVE);
+                tracing::debug!(error = %e, "no room for the log's reserve file yet");
+            }
+        }
+    }
+
+    /// Degraded with records owed (or removes asked for): deletes the reserve file, and this turn
+    /// writes only those records (no client events), so that the segments they make dead can be
+    /// reclaimed.
+    fn release_reserve(&mut self) {
+        match self.store.fs.remove(RESERVE) {
+            Ok(()) => {
+                tracing::info!(
+                    bytes = self.store.reserve_bytes,
+                    "out of space: the log's reserve is given up to write the records it owes"
+                );
+                self.reserve_held = false;
+                self.owed_only = true;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot delete the log's reserve file");
+                self.reserve_held = false;
+            }
+        }
+    }
+
     /// Degraded (out of space): has enough space returned? Writes and deletes a probe file of
     /// twice the size of the write that failed (at least 1 MiB), so that a few freed bytes — the
     /// failed write's own, cut off again — do not make readiness flap.
     fn probe_space(&mut self) {
         const PROBE: &str = ".space-probe";
         let fs = self.store.fs.clone();
-        let want = self.probe;
+        // Room for a new reserve too: the reserve given up is not space that came back.
+        let want = self.probe
+            + if self.reserve_held {
+                0
+            } else {
+                self.store.reserve_bytes
+            };
         let _ = fs.remove(PROBE);
         let probe = fs.create(PROBE).and_then(|f| {
             let block = vec![0u8; 64 * 1024];
