@@ -13,74 +13,12 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
 use serde_json::{json, Value};
+use support::modern::{answer, call, demo, headers, listen, post, req};
 use support::security::Target;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-const V: &str = "2026-07-28";
-
-/// A modern request.
-fn req(id: Value, method: &str, mut params: Value, extra_meta: Value) -> Value {
-    let mut meta = json!({
-        "io.modelcontextprotocol/protocolVersion": V,
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "adversary16", "version": "0"},
-    });
-    for (k, v) in extra_meta.as_object().unwrap() {
-        meta[k] = v.clone();
-    }
-    params["_meta"] = meta;
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-}
-
-fn call(id: i64, tool: &str, args: Value) -> Value {
-    req(
-        json!(id),
-        "tools/call",
-        json!({"name": tool, "arguments": args}),
-        json!({}),
-    )
-}
-
-fn listen(id: &str) -> Value {
-    req(
-        json!(id),
-        "subscriptions/listen",
-        json!({"notifications": {"toolsListChanged": true}}),
-        json!({}),
-    )
-}
-
-fn headers_for<'a>(msg: &'a Value, bearer: &'a Option<String>) -> Vec<(&'a str, &'a str)> {
-    let mut h: Vec<(&str, &str)> = vec![
-        ("content-type", "application/json"),
-        ("accept", "application/json, text/event-stream"),
-        ("mcp-protocol-version", V),
-        ("mcp-method", msg["method"].as_str().unwrap_or("")),
-    ];
-    if let Some(n) = msg["params"]["name"].as_str() {
-        h.push(("mcp-name", n));
-    }
-    if let Some(b) = bearer {
-        h.push(("authorization", b));
-    }
-    h
-}
-
-async fn post(t: &Target, msg: &Value, auth: Option<&str>) -> Resp {
-    let bearer = auth.map(|a| format!("Bearer {a}"));
-    let h = headers_for(msg, &bearer);
-    t.send("POST", "/mcp", &h, Some(&msg.to_string())).await
-}
-
-async fn answer(t: &Target, msg: &Value, auth: Option<&str>) -> Value {
-    let r = post(t, msg, auth).await;
-    assert_eq!(r.status, 200);
-    r.json().await
-}
 
 /// The raw bytes of a modern POST (HTTP/1.1, `Connection: keep-alive`).
 fn raw_post(addr: SocketAddr, msg: &Value, auth: Option<&str>) -> Vec<u8> {
@@ -90,7 +28,7 @@ fn raw_post(addr: SocketAddr, msg: &Value, auth: Option<&str>) -> Vec<u8> {
         "POST /mcp HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\n",
         body.len()
     );
-    for (k, v) in headers_for(msg, &bearer) {
+    for (k, v) in headers(msg, &bearer) {
         s.push_str(&format!("{k}: {v}\r\n"));
     }
     s.push_str("\r\n");
@@ -112,10 +50,6 @@ async fn raw_connect(addr: SocketAddr, from: &str, rcvbuf: Option<u32>) -> TcpSt
 
 fn pool_sessions(p: &mcp_resume_proxy::app::Running) -> f64 {
     metric_value(&p.metrics.render(), "mcp_resume_upstream_pool_sessions")
-}
-
-async fn demo() -> Upstream {
-    Upstream::spawn(UpstreamOptions::default()).await.unwrap()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -142,7 +76,7 @@ async fn a_cancelled_open_leaks_its_pool_slot_forever() {
         let mut s = raw_connect(p.addr, from, None).await;
         s.write_all(&raw_post(
             p.addr,
-            &call(1, "echo", json!({"text": "x"})),
+            &call(1, "echo", json!({"text": "x"}), false),
             None,
         ))
         .await
@@ -162,14 +96,24 @@ async fn a_cancelled_open_leaks_its_pool_slot_forever() {
         up.open_sessions()
     );
     let user = Target::plain(p.addr).via_peer("127.0.0.2");
-    let v = answer(&user, &call(2, "echo", json!({"text": "hello"})), None).await;
+    let v = answer(
+        &user,
+        &call(2, "echo", json!({"text": "hello"}), false),
+        None,
+    )
+    .await;
     assert_eq!(
         v["result"]["content"][0]["text"], "hello",
         "an empty pool refused an innocent caller: {v}"
     );
     // And the dropped opens' own address is not locked out of its share for good either.
     let again = Target::plain(p.addr).via_peer("127.0.0.3");
-    let v = answer(&again, &call(3, "echo", json!({"text": "again"})), None).await;
+    let v = answer(
+        &again,
+        &call(3, "echo", json!({"text": "again"}), false),
+        None,
+    )
+    .await;
     assert_eq!(
         v["result"]["content"][0]["text"], "again",
         "an address is locked out for good by one dropped request: {v}"
@@ -215,7 +159,12 @@ async fn a_listen_that_stops_reading_outlives_listen_max_secs_and_pins_its_sessi
     let before = dropped();
     let mut n = 0;
     while dropped() == before {
-        let v = answer(&t, &call(n, "list_changed", json!({"count": 200})), None).await;
+        let v = answer(
+            &t,
+            &call(n, "list_changed", json!({"count": 200}), false),
+            None,
+        )
+        .await;
         assert_eq!(v["result"]["content"][0]["text"], "sent 200", "{v}");
         n += 1;
         assert!(n < 500, "the listen never fell behind");
@@ -264,12 +213,8 @@ async fn a_slow_streaming_reader_stalls_shared_requests_on_its_session() {
     let dir = tempfile::tempdir().unwrap();
     let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
     // Progress for each of 200 000 steps, unpaced; the client never reads.
-    let flood = req(
-        json!(1),
-        "tools/call",
-        json!({"name": "count", "arguments": {"n": 200_000, "interval_ms": 0}}),
-        json!({"progressToken": "p"}),
-    );
+    let mut flood = call(1, "count", json!({"n": 200_000, "interval_ms": 0}), false);
+    flood["params"]["_meta"]["progressToken"] = json!("p");
     let mut s = raw_connect(p.addr, "127.0.0.2", Some(4096)).await;
     s.write_all(&raw_post(p.addr, &flood, Some("alice")))
         .await
@@ -279,7 +224,7 @@ async fn a_slow_streaming_reader_stalls_shared_requests_on_its_session() {
     assert_eq!(pool_sessions(&p), 1.0);
     // The same caller lists its tools: a shared request, placed on that session.
     let t = Target::plain(p.addr).via_peer("127.0.0.2");
-    let list = req(json!(2), "tools/list", json!({}), json!({}));
+    let list = req(json!(2), "tools/list", json!({}), false);
     let got = tokio::time::timeout(Duration::from_secs(10), answer(&t, &list, Some("alice"))).await;
     match got {
         Ok(v) => assert!(v["result"]["tools"].is_array(), "{v}"),
@@ -308,18 +253,14 @@ async fn a_slow_streaming_reader_is_never_timed_out() {
         c.modern.pool_wait_secs = 1;
     })
     .await;
-    let flood = req(
-        json!(1),
-        "tools/call",
-        json!({"name": "count", "arguments": {"n": 200_000, "interval_ms": 0}}),
-        json!({"progressToken": "p"}),
-    );
+    let mut flood = call(1, "count", json!({"n": 200_000, "interval_ms": 0}), false);
+    flood["params"]["_meta"]["progressToken"] = json!("p");
     let mut s = raw_connect(p.addr, "127.0.0.2", Some(4096)).await;
     s.write_all(&raw_post(p.addr, &flood, None)).await.unwrap();
     // Twice the request timeout.
     tokio::time::sleep(Duration::from_secs(4)).await;
     let t = Target::plain(p.addr).via_peer("127.0.0.2");
-    let v = answer(&t, &call(2, "echo", json!({"text": "hello"})), None).await;
+    let v = answer(&t, &call(2, "echo", json!({"text": "hello"}), false), None).await;
     assert_eq!(
         v["result"]["content"][0]["text"], "hello",
         "a call past upstream.request_timeout_secs still holds the caller's upstream session: {v}"
@@ -386,7 +327,7 @@ async fn an_open_dropped_during_its_handshake_leaks_the_upstream_session() {
     let mut s = raw_connect(p.addr, "127.0.0.3", None).await;
     s.write_all(&raw_post(
         p.addr,
-        &call(1, "echo", json!({"text": "x"})),
+        &call(1, "echo", json!({"text": "x"}), false),
         None,
     ))
     .await

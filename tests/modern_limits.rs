@@ -16,78 +16,10 @@ mod support;
 
 use std::time::Duration;
 
-use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
 use serde_json::{json, Value};
+use support::modern::{answer, call, demo, listen, post, V};
 use support::security::Target;
 use support::*;
-
-const V: &str = "2026-07-28";
-const TASKS: &str = "io.modelcontextprotocol/tasks";
-
-/// A modern request; `tasks` declares the tasks extension.
-fn req(id: Value, method: &str, mut params: Value, extra_meta: Value, tasks: bool) -> Value {
-    let mut caps = json!({});
-    if tasks {
-        caps["extensions"] = json!({TASKS: {}});
-    }
-    let mut meta = json!({
-        "io.modelcontextprotocol/protocolVersion": V,
-        "io.modelcontextprotocol/clientCapabilities": caps,
-        "io.modelcontextprotocol/clientInfo": {"name": "limits", "version": "0"},
-    });
-    for (k, v) in extra_meta.as_object().unwrap() {
-        meta[k] = v.clone();
-    }
-    params["_meta"] = meta;
-    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
-}
-
-fn call(id: i64, tool: &str, args: Value, tasks: bool) -> Value {
-    req(
-        json!(id),
-        "tools/call",
-        json!({"name": tool, "arguments": args}),
-        json!({}),
-        tasks,
-    )
-}
-
-fn listen(id: &str) -> Value {
-    req(
-        json!(id),
-        "subscriptions/listen",
-        json!({"notifications": {"toolsListChanged": true}}),
-        json!({}),
-        false,
-    )
-}
-
-/// POSTs `msg` from `t` with the modern headers and `auth` (if any).
-async fn post(t: &Target, msg: &Value, auth: Option<&str>) -> Resp {
-    let method = msg["method"].as_str().unwrap_or("").to_string();
-    let name = msg["params"]["name"].as_str().map(str::to_string);
-    let bearer = auth.map(|a| format!("Bearer {a}"));
-    let mut h: Vec<(&str, &str)> = vec![
-        ("content-type", "application/json"),
-        ("accept", "application/json, text/event-stream"),
-        ("mcp-protocol-version", V),
-        ("mcp-method", &method),
-    ];
-    if let Some(n) = &name {
-        h.push(("mcp-name", n));
-    }
-    if let Some(b) = &bearer {
-        h.push(("authorization", b));
-    }
-    t.send("POST", "/mcp", &h, Some(&msg.to_string())).await
-}
-
-/// A JSON answer (not a stream).
-async fn answer(t: &Target, msg: &Value, auth: Option<&str>) -> Value {
-    let r = post(t, msg, auth).await;
-    assert_eq!(r.status, 200);
-    r.json().await
-}
 
 /// Opens a listen; its stream, after the acknowledgement was read.
 async fn listening(t: &Target, id: &str, auth: Option<&str>) -> Sse {
@@ -116,10 +48,6 @@ async fn next_message(sse: &mut Sse, d: Duration) -> Option<Value> {
 fn refused_for_capacity(v: &Value) {
     assert_eq!(v["error"]["code"], -32603, "{v}");
     assert_eq!(v["error"]["data"]["reason"], "capacity", "{v}");
-}
-
-async fn demo() -> Upstream {
-    Upstream::spawn(UpstreamOptions::default()).await.unwrap()
 }
 
 /// With a pool of 4, four listens of made-up identities from one address pinned all four upstream

@@ -52,6 +52,19 @@ const CHUNK_BYTES: usize = 64 * 1024;
 pub(crate) const COMPACT_SLICE: usize = 1024 * 1024;
 /// How often a degraded log retries the ends it owes.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// Creates `name` holding `bytes` zeros, written (not sparse), so the space is really taken.
+fn fill(fs: &dyn super::io::Dir, name: &str, bytes: usize) -> std::io::Result<()> {
+    let f = fs.create(name)?;
+    let block = vec![0u8; 64 * 1024];
+    let mut off = 0usize;
+    while off < bytes {
+        let n = (bytes - off).min(block.len());
+        f.write_all_at(&block[..n], off as u64)?;
+        off += n;
+    }
+    Ok(())
+}
+
 /// The reserve file (see [`Writer::hold_reserve`]); not a segment name, so recovery ignores it.
 const RESERVE: &str = ".reserve";
 
@@ -994,16 +1007,7 @@ impl Writer {
     pub(crate) fn hold_reserve(&mut self) {
         let want = self.store.reserve_bytes;
         let fs = self.store.fs.clone();
-        let made = fs.create(RESERVE).and_then(|f| {
-            let block = vec![0u8; 64 * 1024];
-            let mut off = 0usize;
-            while off < want {
-                let n = (want - off).min(block.len());
-                f.write_all_at(&block[..n], off as u64)?;
-                off += n;
-            }
-            Ok(())
-        });
+        let made = fill(&*fs, RESERVE, want);
         match made {
             Ok(()) => self.reserve_held = true,
             Err(e) => {
@@ -1047,16 +1051,7 @@ impl Writer {
                 self.store.reserve_bytes
             };
         let _ = fs.remove(PROBE);
-        let probe = fs.create(PROBE).and_then(|f| {
-            let block = vec![0u8; 64 * 1024];
-            let mut off = 0usize;
-            while off < want {
-                let n = (want - off).min(block.len());
-                f.write_all_at(&block[..n], off as u64)?;
-                off += n;
-            }
-            Ok(())
-        });
+        let probe = fill(&*fs, PROBE, want);
         let _ = fs.remove(PROBE);
         match probe {
             Ok(()) => {

@@ -8,6 +8,7 @@
 //! with the harness's own parser ([`sse::Parser`]), never with the proxy's decoder.
 #![allow(dead_code)]
 
+pub mod modern;
 pub mod security;
 pub mod sse;
 pub mod streamable;
