@@ -2626,6 +2626,76 @@ mod tests {
         });
     }
 
+    /// A full disk whose dead segments each hold an answer (found flaky under load in
+    /// `tests/storage.rs a_full_disk_heals_in_process_by_reclaiming_dead_segments`): sessions
+    /// B1..B3 each fill a segment with a request and its answer, end and are removed. Only the
+    /// run's open record is still live in the oldest segment, so it is not dead; the dead ones
+    /// after it hold answers (which keep in-flight records of older segments dead after a
+    /// restart), so none may go out of order. The degraded log moves the few live bytes of the
+    /// oldest segment, then reclaims them all and is ready again.
+    #[test]
+    fn a_full_disk_heals_when_only_the_open_record_keeps_the_oldest_segment() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.seg_size = 256 << 10;
+            // A reserve of 256 KiB: the probe then wants 1.25 MiB, less than the three free.
+            sim.cfg.max_total_bytes = 16 << 20;
+            sim.start().await;
+            let mut ended = Vec::new();
+            for round in 0..3 {
+                let b = sim.create().unwrap();
+                sim.turn().await;
+                sim.register(b);
+                sim.turn().await;
+                for i in 0..8 {
+                    send(&mut sim, b, &format!("b{round}-{i}-{}", "x".repeat(60_000)));
+                    sim.turn().await;
+                }
+                sim.answer(b);
+                sim.turn().await;
+                let lb = log_of(&sim, b).unwrap();
+                sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
+                sim.turn().await;
+                ended.push(b);
+            }
+            // A live session, created after them: nothing of it is in the old segments.
+            let k = sim.create().unwrap();
+            sim.turn().await;
+            send(&mut sim, k, "k-1");
+            sim.turn().await;
+            let mut f = sim.fs.faults();
+            f.capacity = Some(sim.fs.used());
+            sim.fs.set_faults(f);
+            send(&mut sim, k, &format!("k-2-{}", "y".repeat(4000)));
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            for b in &ended {
+                let (done, _rx) = oneshot::channel();
+                sim.ops.push(Op::Remove { session: *b, done });
+            }
+            for _ in 0..6 {
+                tokio::time::advance(Duration::from_millis(1100)).await;
+                sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            }
+            assert_eq!(
+                *sim.store().health.borrow(),
+                Health::Ok,
+                "healed with nothing freed from outside (segments: {:?})",
+                sim.fs.list().unwrap()
+            );
+            restart(&mut sim, Loss::All).await;
+            for b in &ended {
+                assert!(log_of(&sim, *b).is_none(), "removed, and stays removed");
+            }
+            let got: Vec<String> = payloads(&log_of(&sim, k).unwrap())
+                .into_iter()
+                .map(|(_, _, p)| p)
+                .collect();
+            assert_eq!(got[0], "k-1", "{got:?}");
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+        });
+    }
+
     /// An end that failed (out of space) is retried a second later; a remove of the session
     /// that fits meanwhile is written first. The retried end's chunk and meta then follow the
     /// remove record in the log, and recovery brings the removed session back.

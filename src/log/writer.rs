@@ -790,7 +790,10 @@ impl Writer {
         };
         match self.health() {
             Health::Ok => self.compact_slice(&mut t),
-            Health::Degraded => self.reclaim_dead(),
+            Health::Degraded => {
+                self.reclaim_dead();
+                self.compact_nearly_dead(&mut t);
+            }
             Health::Failed => {}
         }
         for i in std::mem::take(&mut self.st.internal) {
@@ -997,6 +1000,30 @@ impl Writer {
             );
             self.delete_segment(id);
         }
+    }
+
+    /// Degraded (out of space): compacts the oldest segment when what is still live in it is a
+    /// few records (the run's open record, a live session's meta) that fit in a quarter of the
+    /// reserve. Such a segment is not dead, so [`Writer::reclaim_dead`] keeps it, and keeps
+    /// every dead segment after it that holds an answer or a remove; moving those few records
+    /// frees them all. Only with no record owed, so that nothing it drops as dead can come back
+    /// after a crash.
+    fn compact_nearly_dead(&mut self, t: &mut Turn) {
+        let Some((&oldest, info)) = self.st.segs.iter().next() else {
+            return;
+        };
+        let small = info.live <= (self.store.reserve_bytes / 4) as u64;
+        if oldest == self.st.active
+            || !small
+            || !self.st.internal.is_empty()
+            || self.dead_unsure.contains(&oldest)
+        {
+            return;
+        }
+        if self.compaction.is_none_or(|(id, _)| id != oldest) {
+            self.compaction = Some((oldest, record::SEGMENT_HEADER as u64));
+        }
+        self.compact_slice(t);
     }
 
     /// Keeps a reserve file of `reserve_bytes` in the data dir while the log is healthy. Out of

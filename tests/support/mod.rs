@@ -390,9 +390,10 @@ impl ProxyProc {
         text.push_str(&rest);
         std::fs::write(&cfg_path, text).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"));
-        cmd.args(["run", "--config"])
-            .arg(&cfg_path)
-            .env("MCP_RESUME_PROXY_LOG", "warn");
+        cmd.args(["run", "--config"]).arg(&cfg_path).env(
+            "MCP_RESUME_PROXY_LOG",
+            std::env::var("TEST_PROXY_LOG").unwrap_or_else(|_| "warn".into()),
+        );
         let p = ProxyProc {
             proc: Proc::spawn_to("proxy binary", cmd, stderr),
             port,
