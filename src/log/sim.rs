@@ -2341,6 +2341,44 @@ mod tests {
         });
     }
 
+    /// Seed 18365 of the long profile: in relaxed mode the sync before a rotation failed and
+    /// lost what it held (fsyncgate: the pages stay readable, clean, never written); the turn
+    /// went on after the fatal error, its sync succeeded without writing them and its mark
+    /// called them synced. After a power loss the hole was taken for damage in synced data,
+    /// not for the torn tail it is: an answer a client had read was owed again.
+    #[test]
+    fn nothing_is_written_after_a_failed_sync_of_a_rotation() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Relaxed);
+            sim.seg_size = 8 << 10;
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            sim.register(a);
+            sim.turn().await;
+            // Unsynced (relaxed), and past the segment size: the next turn rotates.
+            for i in 0..4 {
+                send(&mut sim, a, &format!("a-{i}-{}", "x".repeat(2100)));
+                sim.turn().await;
+            }
+            let segs = sim.fs.list().unwrap();
+            assert_eq!(segs.iter().filter(|n| n.ends_with(".seg")).count(), 1);
+            sim.fs.fail_next(Call::SyncForgets, 5);
+            // An answer: a turn that syncs (in relaxed mode too).
+            sim.answer(a);
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Failed);
+            assert_eq!(
+                sim.fs.list().unwrap(),
+                segs,
+                "no rotation after the failed sync"
+            );
+            restart(&mut sim, Loss::All).await;
+            assert_eq!(sim.rep.damage_found, 0, "a torn tail, not damage");
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+        });
+    }
+
     /// Finding: "the cut of a failed write is not synced before its seqs are reused".
     #[test]
     fn the_cut_of_a_failed_write_is_synced() {

@@ -796,6 +796,13 @@ impl Writer {
             }
             Health::Failed => {}
         }
+        // A sync that failed above (rotation, reclaiming) is fatal, and nothing may be written
+        // after it: the next sync would succeed without writing the pages the failed one lost
+        // (fsyncgate), and this turn's mark would then call them synced; recovery would take
+        // the hole a power loss leaves there for damage, not for the torn tail it is.
+        if self.health() == Health::Failed {
+            return self.turn(ops);
+        }
         for i in std::mem::take(&mut self.st.internal) {
             self.plan_internal(&mut t, i);
         }
