@@ -2974,6 +2974,98 @@ mod tests {
         });
     }
 
+    /// Seeds 14436 and 14676 of the long profile: degraded by a full disk, space came back
+    /// before the next probe; every append fit and was written, but a degraded log neither
+    /// rotates nor compacts, so the active segment grew past the disk bound, seen as soon as
+    /// the probe made the log ready again. Degraded, appends over the bound wait.
+    #[test]
+    fn a_degraded_log_that_writes_again_keeps_the_disk_bound() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 64 << 10;
+            sim.seg_size = 8 << 10;
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            send(&mut sim, a, "a-1");
+            sim.turn().await;
+            let mut f = sim.fs.faults();
+            f.capacity = Some(sim.fs.used());
+            sim.fs.set_faults(f.clone());
+            let b = sim.create().unwrap();
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            send(&mut sim, a, &"y".repeat(4000));
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            // Space is back; the probe is not due for a second. A flood of appends meanwhile.
+            f.capacity = None;
+            sim.fs.set_faults(f);
+            let bound = sim.store().disk_bound();
+            // (`a` ended with its failed write; `b` was created before.)
+            for i in 0..100 {
+                send(&mut sim, b, &format!("b-{i}-{}", "z".repeat(3000)));
+                sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+                let disk = sim.fs.segment_bytes();
+                assert!(
+                    disk <= bound,
+                    "turn {i}: {disk} bytes of segments > {bound}"
+                );
+            }
+            assert!(!sim.ops.is_empty(), "the appends over the bound wait");
+            // Ready again, they go on. (These ops bypass the handle, which keeps the live
+            // records under `log.max_total_bytes`: the bound is not checked from here on.)
+            for _ in 0..200 {
+                tokio::time::advance(Duration::from_millis(1100)).await;
+                sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+                if sim.ops.is_empty() {
+                    break;
+                }
+            }
+            assert_eq!(*sim.store().health.borrow(), Health::Ok);
+            assert!(
+                sim.ops.is_empty(),
+                "every append written once the log is ready"
+            );
+        });
+    }
+
+    /// While appends wait over the disk bound, a remove queued behind them is not held up: it
+    /// belongs to another session, and it is what frees the disk.
+    #[test]
+    fn a_remove_behind_a_throttled_append_goes_ahead() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 64 << 10;
+            sim.seg_size = 8 << 10;
+            sim.start().await;
+            let (a, b) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            let lb = log_of(&sim, b).unwrap();
+            sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
+            sim.turn().await;
+            let mut f = sim.fs.faults();
+            f.capacity = Some(sim.fs.used());
+            sim.fs.set_faults(f);
+            send(&mut sim, a, &"y".repeat(4000));
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            // Over the bound (as a degraded log sees it): the store counts more than is there.
+            sim.store()
+                .disk
+                .fetch_add(1 << 20, std::sync::atomic::Ordering::Relaxed);
+            send(&mut sim, a, "a-waits");
+            let (done, mut rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: b, done });
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(sim.ops.len(), 1, "the append waits");
+            assert!(
+                rx.try_recv().is_ok_and(|r| r.is_ok()),
+                "the remove was written"
+            );
+            assert!(log_of(&sim, b).is_none());
+        });
+    }
+
     /// A rotation whose segment creation fails after the file exists (its header write
     /// fails) and whose clean-up `remove` fails too leaves the file behind; every later
     /// rotation then fails with `AlreadyExists` and the log appends to the same segment for

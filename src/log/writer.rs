@@ -739,9 +739,14 @@ impl Writer {
     /// The log is over its disk bound and compaction can bring it back: appends wait
     /// (backpressure reaches the upstream pumps through the channel), nothing is dropped.
     fn throttled(&self) -> bool {
-        self.health() == Health::Ok
-            && self.store.disk.load(Ordering::Relaxed) > self.store.throttle_bytes()
-            && self.wants_compaction()
+        let over = self.store.disk.load(Ordering::Relaxed) > self.store.throttle_bytes();
+        match self.health() {
+            Health::Ok => over && self.wants_compaction(),
+            // Writes that fit while degraded (space came back before the probe saw it) must
+            // not grow the log past its bound: neither rotation nor compaction runs meanwhile.
+            Health::Degraded => over,
+            Health::Failed => false,
+        }
     }
 
     /// One turn: plan, write, sync, publish (or fail).
@@ -823,21 +828,33 @@ impl Writer {
         }
         // A turn takes ops up to about `turn_bytes` of events; the rest wait for the next turn, so
         // the bounds applied after each turn are never overshot by more than one turn. Over the
-        // disk bound, ops that carry events wait for compaction.
+        // disk bound, ops that carry events wait for compaction (or, degraded, for the space
+        // probe), and so does every later op of their sessions and every flush; the others go
+        // on, so that a remove queued behind a flood still frees its segments.
         let throttled = self.throttled() || std::mem::take(&mut self.owed_only);
         let mut planned = 0usize;
         let mut taken = 0usize;
-        for op in ops.iter() {
-            let bytes = op_bytes(op);
-            if (taken > 0 && planned >= self.store.turn_bytes) || (throttled && bytes > 0) {
-                break;
+        let mut held: Vec<Op> = Vec::new();
+        let mut blocked: BTreeSet<SessionId> = BTreeSet::new();
+        let mut full = false;
+        for op in std::mem::take(ops) {
+            let bytes = op_bytes(&op);
+            let session = op_session(&op);
+            full = full || (taken > 0 && planned >= self.store.turn_bytes);
+            let wait = full
+                || (throttled && bytes > 0)
+                || session.is_some_and(|s| blocked.contains(&s))
+                || (matches!(op, Op::Flush { .. } | Op::Close { .. }) && !held.is_empty());
+            if wait {
+                blocked.extend(session);
+                held.push(op);
+                continue;
             }
             planned += bytes;
             taken += 1;
-        }
-        for op in ops.drain(..taken) {
             self.plan_op(&mut t, op);
         }
+        *ops = held;
         let must_sync = t.sync || self.store.durability == Durability::Fsync;
         if t.is_empty() && !(t.sync && self.dirty) {
             self.last_written = 0;
@@ -1998,6 +2015,19 @@ fn only_superseded(seg: &Segment, len: u64) -> bool {
         pos += n;
     }
     true
+}
+
+/// The session an op belongs to (`None`: the log's own).
+fn op_session(op: &Op) -> Option<SessionId> {
+    match op {
+        Op::Create { log, .. }
+        | Op::Append { log, .. }
+        | Op::Inflight { log, .. }
+        | Op::InflightDone { log, .. }
+        | Op::End { log, .. } => Some(log.id),
+        Op::Remove { session, .. } => Some(*session),
+        Op::MakeRoom { .. } | Op::Flush { .. } | Op::Close { .. } => None,
+    }
 }
 
 /// Payload bytes an op carries.
