@@ -2092,6 +2092,13 @@ mod tests {
         });
     }
 
+    /// Bounds the bytes the simulated files may take (`None`: no bound).
+    fn set_capacity(sim: &Sim, bytes: Option<u64>) {
+        let mut f = sim.fs.faults();
+        f.capacity = bytes;
+        sim.fs.set_faults(f);
+    }
+
     fn log_of(sim: &Sim, id: SessionId) -> Option<Arc<SessionLog>> {
         sim.store().lock_logs().get(&id).cloned()
     }
@@ -2628,9 +2635,7 @@ mod tests {
             sim.turn().await;
             assert!(sim.fs.list().unwrap().contains(&".reserve".to_string()));
             // Not one byte more.
-            let mut f = sim.fs.faults();
-            f.capacity = Some(sim.fs.used());
-            sim.fs.set_faults(f);
+            set_capacity(&sim, Some(sim.fs.used()));
             send(&mut sim, k, &format!("k-2-{}", "y".repeat(4000)));
             sim.writer.as_mut().unwrap().turn(&mut sim.ops);
             assert_eq!(*sim.store().health.borrow(), Health::Degraded);
@@ -2701,9 +2706,7 @@ mod tests {
             sim.turn().await;
             send(&mut sim, k, "k-1");
             sim.turn().await;
-            let mut f = sim.fs.faults();
-            f.capacity = Some(sim.fs.used());
-            sim.fs.set_faults(f);
+            set_capacity(&sim, Some(sim.fs.used()));
             send(&mut sim, k, &format!("k-2-{}", "y".repeat(4000)));
             sim.writer.as_mut().unwrap().turn(&mut sim.ops);
             assert_eq!(*sim.store().health.borrow(), Health::Degraded);
@@ -2989,17 +2992,14 @@ mod tests {
             sim.turn().await;
             send(&mut sim, a, "a-1");
             sim.turn().await;
-            let mut f = sim.fs.faults();
-            f.capacity = Some(sim.fs.used());
-            sim.fs.set_faults(f.clone());
+            set_capacity(&sim, Some(sim.fs.used()));
             let b = sim.create().unwrap();
             sim.writer.as_mut().unwrap().turn(&mut sim.ops);
             send(&mut sim, a, &"y".repeat(4000));
             sim.writer.as_mut().unwrap().turn(&mut sim.ops);
             assert_eq!(*sim.store().health.borrow(), Health::Degraded);
             // Space is back; the probe is not due for a second. A flood of appends meanwhile.
-            f.capacity = None;
-            sim.fs.set_faults(f);
+            set_capacity(&sim, None);
             let bound = sim.store().disk_bound();
             // (`a` ended with its failed write; `b` was created before.)
             for i in 0..100 {
@@ -3043,9 +3043,7 @@ mod tests {
             let lb = log_of(&sim, b).unwrap();
             sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
             sim.turn().await;
-            let mut f = sim.fs.faults();
-            f.capacity = Some(sim.fs.used());
-            sim.fs.set_faults(f);
+            set_capacity(&sim, Some(sim.fs.used()));
             send(&mut sim, a, &"y".repeat(4000));
             sim.writer.as_mut().unwrap().turn(&mut sim.ops);
             assert_eq!(*sim.store().health.borrow(), Health::Degraded);

@@ -837,7 +837,7 @@ impl Writer {
         let mut held: Vec<Op> = Vec::new();
         let mut blocked: BTreeSet<SessionId> = BTreeSet::new();
         let mut full = false;
-        for op in std::mem::take(ops) {
+        for op in ops.drain(..) {
             let bytes = op_bytes(&op);
             let session = op_session(&op);
             full = full || (taken > 0 && planned >= self.store.turn_bytes);
@@ -854,7 +854,7 @@ impl Writer {
             taken += 1;
             self.plan_op(&mut t, op);
         }
-        *ops = held;
+        ops.append(&mut held);
         let must_sync = t.sync || self.store.durability == Durability::Fsync;
         if t.is_empty() && !(t.sync && self.dirty) {
             self.last_written = 0;
