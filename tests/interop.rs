@@ -43,9 +43,12 @@ use tokio::net::{TcpListener, TcpStream};
 /// Steps of the long call, and the time between them.
 const STEPS: u64 = 8;
 const INTERVAL_MS: u64 = 250;
-/// How long a peer that lost its call is watched after the proxy has the call's result: a
-/// reconnect it was going to make (with or without `Last-Event-ID`) has happened by then.
-const GRACE: Duration = Duration::from_secs(3);
+/// How long a peer that lost its call is watched after the proxy has the call's result, whatever
+/// it reported meanwhile; a peer that has not sent a new `GET /sse` by then is watched for
+/// [`GRACE_MORE`] longer (so "never reconnects" is measured over both, and a reconnect that a
+/// loaded machine delays is still seen).
+const GRACE: Duration = Duration::from_secs(2);
+const GRACE_MORE: Duration = Duration::from_secs(4);
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Peer {
@@ -731,14 +734,14 @@ async fn run_cell(peer: Peer, face: Face) -> Cell {
                 cut_at = Some(relay.snapshot().len());
             }
         }
-        if done {
+        if done && face == Face::Mcp {
             break;
         }
-        if let (Some(_), Face::Sse) = (cut_at, face) {
+        if let (Some(cut), Face::Sse) = (cut_at, face) {
             // The call is lost to the peer: resume from the proxy directly, from the last id
             // the peer received, and watch the peer for GRACE once the result is there.
             if resume.is_none() {
-                let conns = read_back(&relay.snapshot()[..cut_at.unwrap()]);
+                let conns = read_back(&relay.snapshot()[..cut]);
                 let last = conns
                     .iter()
                     .flat_map(|c| &c.responses)
@@ -773,7 +776,12 @@ async fn run_cell(peer: Peer, face: Face) -> Cell {
                 resumed = Some(evs);
                 lost_since = Some(tokio::time::Instant::now());
             }
-            if lost_since.is_some_and(|t| t.elapsed() >= GRACE) {
+            let reconnected = read_back(&relay.snapshot()[cut..])
+                .iter()
+                .flat_map(|c| &c.requests)
+                .any(|r| r.start.starts_with("GET /sse"));
+            let watched = lost_since.map_or(Duration::ZERO, |t| t.elapsed());
+            if watched >= GRACE + GRACE_MORE || (watched >= GRACE && reconnected) {
                 break;
             }
         }
