@@ -570,6 +570,9 @@ struct Cell {
     /// The last event id the peer received on the cut stream (for `/sse`: the `GET /sse`
     /// response; for `/mcp`: the call's POST response), priming events included.
     last_id_at_cut: Option<String>,
+    /// The protocol version the proxy's `initialize` answer carried on the wire (`None`: no
+    /// `initialize` was answered, e.g. a 2026-07-28 client that discovered instead).
+    version: Option<String>,
 }
 
 /// The bridges' stdio client: initialize, then the long call with a progress token.
@@ -805,6 +808,19 @@ async fn run_cell(peer: Peer, face: Face) -> Cell {
         Some(evs) => call_steps(evs, &id, &token),
         None => steps_of(&post),
     };
+    cell.version = pre
+        .iter()
+        .flat_map(|c| &c.responses)
+        .flat_map(|r| {
+            let mut v: Vec<Value> = r
+                .events()
+                .iter()
+                .filter_map(|e| serde_json::from_slice(&e.data).ok())
+                .collect();
+            v.extend(r.json());
+            v
+        })
+        .find_map(|m| m["result"]["protocolVersion"].as_str().map(str::to_string));
     cell.after_cut = post
         .iter()
         .flat_map(|c| &c.requests)
@@ -889,6 +905,12 @@ fn shows<T: PartialEq + std::fmt::Debug>(
 /// exactly, on the wire and as the peer reports it.
 fn resumed_exactly(peer: Peer, c: &Cell) {
     let who = format!("{peer:?} on /mcp");
+    assert_eq!(
+        c.version.as_deref(),
+        Some("2025-11-25"),
+        "{who}: the sessionful face (with modern.discover = \"advertise\" a dual-era client \
+         negotiates 2026-07-28, where a cut stream loses the call)"
+    );
     assert!(c.severed >= 1, "{who}: the cut closed a connection");
     // The resume: a GET carrying the last id of the cut stream.
     let last = c.last_id_at_cut.as_deref().expect("an id before the cut");
