@@ -501,6 +501,15 @@ fn call_request(conns: &[ConnWire]) -> Option<(Value, Option<Value>)> {
         })
 }
 
+/// A request the peer sent, and the status it was answered with (if the answer's head arrived).
+#[derive(Debug)]
+struct Sent {
+    /// The request line.
+    line: String,
+    last_event_id: Option<String>,
+    status: Option<u16>,
+}
+
 /// What one event is to the call.
 #[derive(Clone, Debug, PartialEq)]
 enum Step {
@@ -561,8 +570,8 @@ struct Cell {
     /// The call's result text as the peer reported it, or its error.
     peer_result: Option<String>,
     peer_error: Option<Value>,
-    /// The requests the peer sent after the cut (request line and `Last-Event-ID`).
-    after_cut: Vec<(String, Option<String>)>,
+    /// The requests the peer sent after the cut.
+    after_cut: Vec<Sent>,
     /// The call's events that crossed the wire to the peer, per connection, before the cut and
     /// after it.
     before: Vec<(String, Step)>,
@@ -779,10 +788,10 @@ async fn run_cell(peer: Peer, face: Face) -> Cell {
                 resumed = Some(evs);
                 lost_since = Some(tokio::time::Instant::now());
             }
-            let reconnected = read_back(&relay.snapshot()[cut..])
-                .iter()
-                .flat_map(|c| &c.requests)
-                .any(|r| r.start.starts_with("GET /sse"));
+            let reconnected = read_back(&relay.snapshot()[cut..]).iter().any(|c| {
+                c.requests.iter().any(|r| r.start.starts_with("GET /sse"))
+                    && !c.responses.is_empty()
+            });
             let watched = lost_since.map_or(Duration::ZERO, |t| t.elapsed());
             if watched >= GRACE + GRACE_MORE || (watched >= GRACE && reconnected) {
                 break;
@@ -823,12 +832,17 @@ async fn run_cell(peer: Peer, face: Face) -> Cell {
         .find_map(|m| m["result"]["protocolVersion"].as_str().map(str::to_string));
     cell.after_cut = post
         .iter()
-        .flat_map(|c| &c.requests)
-        .map(|r| {
-            (
-                r.start.clone(),
-                r.header("last-event-id").map(str::to_string),
-            )
+        .flat_map(|c| {
+            let status = c
+                .responses
+                .iter()
+                .map(|r| r.start.split(' ').nth(1).and_then(|s| s.parse().ok()));
+            c.requests.iter().zip(status.chain(std::iter::repeat(None)))
+        })
+        .map(|(r, status)| Sent {
+            line: r.start.clone(),
+            last_event_id: r.header("last-event-id").map(str::to_string),
+            status,
         })
         .collect();
     if face == Face::Mcp {
@@ -915,10 +929,10 @@ fn resumed_exactly(peer: Peer, c: &Cell) {
     // The resume: a GET carrying the last id of the cut stream.
     let last = c.last_id_at_cut.as_deref().expect("an id before the cut");
     assert!(
-        c.after_cut
-            .iter()
-            .any(|(l, id)| l.starts_with("GET /mcp") && id.as_deref() == Some(last)),
-        "{who}: resumes with Last-Event-ID {last}: {:?}",
+        c.after_cut.iter().any(|r| r.line.starts_with("GET /mcp")
+            && r.last_event_id.as_deref() == Some(last)
+            && r.status == Some(200)),
+        "{who}: resumes with Last-Event-ID {last}, answered 200: {:?}",
         c.after_cut
     );
     // The call's POST stream on the wire: before and after the cut, every progress once, in
@@ -975,7 +989,7 @@ fn lost_by_the_peer(peer: Peer, how: SseLoss, c: &Cell) {
     let gets: Vec<_> = c
         .after_cut
         .iter()
-        .filter(|(l, _)| l.starts_with("GET /sse"))
+        .filter(|r| r.line.starts_with("GET /sse"))
         .collect();
     match how {
         SseLoss::NeverReconnects => assert!(
@@ -986,8 +1000,15 @@ fn lost_by_the_peer(peer: Peer, how: SseLoss, c: &Cell) {
         SseLoss::ReconnectsWithoutLastEventId => {
             assert!(!gets.is_empty(), "{who}: reconnects: {:?}", c.after_cut);
             assert!(
-                gets.iter().all(|(_, id)| id.is_none()),
+                gets.iter().all(|r| r.last_event_id.is_none()),
                 "{who}: without Last-Event-ID: {gets:?}"
+            );
+            // Each is served (a new session); one sent in the last instant may have no answer
+            // recorded yet.
+            assert!(
+                gets.iter().any(|r| r.status == Some(200))
+                    && gets.iter().all(|r| r.status.is_none_or(|s| s == 200)),
+                "{who}: each reconnect is served (a new session): {gets:?}"
             );
         }
     }
