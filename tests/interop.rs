@@ -21,6 +21,10 @@
 //!   raw resume from the last id the peer received returns exactly the remaining events (seqs
 //!   contiguous with what the peer had, every step once, then the result).
 //!
+//! The proxy runs with the default `modern.discover = "resumable"`: with `"advertise"` the fastmcp
+//! `/mcp` cell fails (its client negotiates 2026-07-28, where a cut stream loses the call;
+//! `tests/modern_discover.rs`).
+//!
 //! If a peer changes behaviour (starts resuming over `/sse`, stops resuming over `/mcp`), its cell
 //! fails and the README's "Third-party interop" table needs updating.
 //!
@@ -651,8 +655,11 @@ fn take_lines(peer: Peer, p: &mut Running, cell: &mut Cell, acc: &mut String) ->
             continue;
         }
         // A bridge: JSON-RPC on stdout.
-        eprintln!("{peer:?} stdout: {}", &line[..line.len().min(200)]);
-        if v["id"] == 1 {
+        eprintln!(
+            "{peer:?} stdout: {}",
+            line.chars().take(200).collect::<String>()
+        );
+        if v["id"] == 1 && v.get("result").is_some() {
             bridge_call(p);
         } else if v["method"] == "notifications/progress" {
             cell.peer_progress
@@ -667,7 +674,7 @@ fn take_lines(peer: Peer, p: &mut Running, cell: &mut Cell, acc: &mut String) ->
                     .get_or_insert_with(Vec::new)
                     .push(d.to_string());
             }
-        } else if v["id"] == 2 {
+        } else if v["id"] == 2 && v.get("method").is_none() {
             if v.get("result").is_some() && v["result"]["isError"] != true {
                 cell.peer_result = Some(result_text(&v));
             } else {
@@ -693,7 +700,8 @@ fn inspector_outcome(acc: &str, cell: &mut Cell) -> bool {
 }
 
 /// Runs one cell: the peer through the relay, cut after the second step reached it, until its
-/// call's outcome (or, when the call is lost, [`GRACE`] after the proxy logged the result).
+/// call's outcome (`/mcp`), or (`/sse`) until [`GRACE`] (+ [`GRACE_MORE`] without a reconnect)
+/// after a raw resume from the peer's last id has read the call's result.
 async fn run_cell(peer: Peer, face: Face) -> Cell {
     let up = fastmcp().await;
     let dir = tempfile::tempdir().unwrap();
