@@ -3029,6 +3029,78 @@ mod tests {
         });
     }
 
+    /// Sim-long seed 11036: compaction read at least twice what the last turn wrote, copies
+    /// included, so each turn of copies doubled the next one's; a large oldest segment with much
+    /// live data was copied in turns far larger than `turn_bytes`, and the disk bound broke. A
+    /// turn's copies now stay within `turn_bytes`.
+    #[test]
+    fn compaction_copies_do_not_grow_a_turn_past_turn_bytes() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 1 << 20;
+            // Segment 1 takes everything below: 600 KB of A (live), 300 KB of B (dead soon).
+            sim.seg_size = 1 << 20;
+            sim.start().await;
+            let (a, b) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            for i in 0..600 {
+                send(&mut sim, a, &format!("a-{i}-{}", "x".repeat(1000)));
+                if i % 2 == 0 {
+                    send(&mut sim, b, &format!("b-{i}-{}", "y".repeat(1000)));
+                }
+                sim.turn().await;
+            }
+            let lb = log_of(&sim, b).unwrap();
+            sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
+            sim.turn().await;
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: b, done });
+            sim.turn().await;
+            // Small segments from here on: the next start rotates, and segment 1 is the oldest.
+            sim.stop_process();
+            sim.seg_size = 16 << 10;
+            sim.start().await;
+            let turn_bytes = sim.store().turn_bytes;
+            let seg1 = super::super::segment::file_name(1);
+            let mut copy_turns = 0;
+            for _ in 0..200 {
+                sim.turn().await;
+                let wrote = sim.writer.as_ref().unwrap().last_written();
+                assert!(
+                    wrote <= turn_bytes + (4 << 10),
+                    "a turn of copies wrote {wrote} bytes, turns take {turn_bytes}"
+                );
+                copy_turns += usize::from(wrote > 0);
+                if !sim.fs.list().unwrap().contains(&seg1) {
+                    break;
+                }
+            }
+            assert!(
+                !sim.fs.list().unwrap().contains(&seg1),
+                "segment 1 was compacted"
+            );
+            assert!(copy_turns > 1, "the copies took several turns");
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+            assert_eq!(payloads(&log_of(&sim, a).unwrap()).len(), 600 + 1);
+        });
+    }
+
+    /// The long profile's seeds that found a violation, replayed: each broke an invariant on
+    /// the code before its fix. 4641: the files sat above the throttle with under a quarter of
+    /// them dead, so compaction was not wanted and appends not held; a turn of events trimmed,
+    /// its compaction copied a record larger than the turn, and the disk bound broke (now: over
+    /// the throttle, a segment's worth of dead bytes starts compaction, and a record that would
+    /// take a turn's copies past its budget waits for the next turn). 11036: copies doubled
+    /// turn after turn. 18365, 14436, 14676: see their directed tests above.
+    #[test]
+    fn the_long_profiles_failing_seeds_stay_fixed() {
+        for seed in [4641, 11036, 14436, 14676, 18365] {
+            let rep = run_seed(seed, 300);
+            assert_eq!(rep.violations, Vec::<String>::new(), "seed {seed}");
+            assert!(rep.turns > 300, "seed {seed} ran");
+        }
+    }
+
     /// While appends wait over the disk bound, a remove queued behind them is not held up: it
     /// belongs to another session, and it is what frees the disk.
     #[test]

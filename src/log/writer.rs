@@ -463,8 +463,11 @@ pub(crate) struct Writer {
     active_len: u64,
     /// Bytes of the active segment known to be on stable storage (what the next mark says).
     synced_len: u64,
-    /// Bytes the last turn wrote (what compaction must at least keep pace with).
+    /// Bytes the last turn wrote.
     last_written: usize,
+    /// Of those, the bytes that were not compaction's copies (what compaction must at least keep
+    /// pace with; counting the copies too let each turn's copies double the next turn's).
+    last_new: usize,
     /// Since when the log is degraded (out of space).
     degraded_since: Option<tokio::time::Instant>,
     /// Written since the last sync.
@@ -709,6 +712,7 @@ impl Writer {
             // A new segment is created synced (its header and directory entry).
             synced_len: active_len,
             last_written: 0,
+            last_new: 0,
             degraded_since: None,
             dirty: false,
             compaction: None,
@@ -858,6 +862,7 @@ impl Writer {
         let must_sync = t.sync || self.store.durability == Durability::Fsync;
         if t.is_empty() && !(t.sync && self.dirty) {
             self.last_written = 0;
+            self.last_new = 0;
             self.publish(t, Vec::new());
             self.settle_dead();
             return;
@@ -871,10 +876,12 @@ impl Writer {
                 return self.fail(t, WriteError::Sync(e));
             }
         }
+        let copied: usize = t.copies.iter().map(|c| c.bytes.len()).sum();
         let (buf, effects) = self.encode(&mut t);
         match self.write(&buf, must_sync) {
             Ok(()) => {
                 self.last_written = buf.len();
+                self.last_new = buf.len().saturating_sub(copied);
                 self.publish(t, effects);
                 self.settle_dead();
             }
@@ -1761,7 +1768,11 @@ impl Writer {
             .filter(|(id, _)| **id != self.st.active)
             .map(|(_, s)| s.len.saturating_sub(s.live))
             .sum();
-        disk > 2 * self.store.seg_size && dead_old * 4 > disk
+        // Over the throttle, a segment's worth of dead bytes is enough: otherwise the files may
+        // sit above it (dead under a quarter), appends are not held, and one turn of events
+        // plus the copies its trims start break `Store::disk_bound` (sim-long seed 4641).
+        let over = disk > self.store.throttle_bytes() && dead_old >= self.store.seg_size;
+        disk > 2 * self.store.seg_size && (dead_old * 4 > disk || over)
     }
 
     /// Copies the live records of the next slice of the oldest segment into the turn. Once the
@@ -1782,10 +1793,17 @@ impl Writer {
             return;
         };
         let (seg, len) = (info.seg.clone(), info.len);
-        // Reclaim at least what the last turn wrote (twice it), so a flood cannot outrun it.
-        let budget = self.store.compact_slice.max(2 * self.last_written);
+        // Read at least twice what the last turn wrote besides copies, so a flood cannot outrun
+        // compaction, but at most a turn's worth: a turn's copies then add at most `turn_bytes`
+        // to its events, which keeps `Store::disk_bound` (sim-long seed 11036, where copies fed
+        // the budget and one turn copied 46 KB with 24 KB turns).
+        let budget = self
+            .store
+            .compact_slice
+            .max(2 * self.last_new)
+            .min(self.store.turn_bytes.max(self.store.compact_slice));
         let mut read = 0usize;
-        while off < len && read < budget {
+        'slice: while off < len && read < budget {
             let want = ((len - off) as usize).min(budget);
             let mut block = vec![0u8; want];
             if let Err(e) = seg.read_at(&mut block, off) {
@@ -1809,6 +1827,13 @@ impl Writer {
                             });
                         }
                         pos += n;
+                    }
+                    Err(record::FrameError::Short { need })
+                        if pos == 0 && read > 0 && read + need > budget =>
+                    {
+                        // A record that would take this turn past its budget waits for the
+                        // next turn, which copies it first (alone, if it is over the budget).
+                        break 'slice;
                     }
                     Err(record::FrameError::Short { need })
                         if pos == 0 && off + (need as u64) <= len =>
