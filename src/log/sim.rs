@@ -867,6 +867,11 @@ fn payload(id: &SessionId, n: u64, rng: &mut Rng) -> Bytes {
     payload_padded(id, n, pad)
 }
 
+/// adversary15: a number from the environment (parameters the simulator does not pick).
+fn adv_env(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
 fn payload_padded(id: &SessionId, n: u64, pad: usize) -> Bytes {
     let mut s = format!("{{\"s\":\"{id}\",\"n\":{n},\"pad\":\"");
     s.extend(std::iter::repeat_n('x', pad));
@@ -890,7 +895,18 @@ impl Sim {
             max_total_bytes: [192 << 10, 512 << 10][rng.below(2) as usize],
             store_error_exit_secs: 5,
         };
-        let seg_size = [16 << 10, 32 << 10][rng.below(2) as usize];
+        let mut seg_size = [16 << 10, 32 << 10][rng.below(2) as usize];
+        let mut cfg = cfg;
+        // adversary15: parameters the simulator does not pick, from the environment.
+        if let Some(v) = adv_env("SIM_SEG") {
+            seg_size = v;
+        }
+        if let Some(v) = adv_env("SIM_MAX_TOTAL") {
+            cfg.max_total_bytes = v;
+        }
+        if let Some(v) = adv_env("SIM_MAX_SESSION_BYTES") {
+            cfg.max_bytes_per_session = v;
+        }
         let fs = SimFs::new(seed);
         Sim {
             seed,
@@ -1004,6 +1020,12 @@ impl Sim {
         store.seg_size = self.seg_size;
         store.compact_slice = 4 << 10;
         store.turn_bytes = (self.cfg.max_total_bytes / 8) as usize;
+        if let Some(v) = adv_env("SIM_TURN") {
+            store.turn_bytes = v as usize;
+        }
+        if let Some(v) = adv_env("SIM_COMPACT") {
+            store.compact_slice = v as usize;
+        }
         let store = Arc::new(store);
         let (_rec, interrupted, state) = writer::recover(&store, img).map_err(|_| ())?;
         // What recovery found, before any turn applies retention to it.
@@ -1855,7 +1877,7 @@ impl Sim {
         let mut evs = Vec::new();
         for _ in 0..3 {
             s.next_payload += 1;
-            let pad = 2048 + self.rng.below(4096) as usize;
+            let pad = 2048 + self.rng.below(adv_env("SIM_PAD").unwrap_or(4096)) as usize;
             let p = payload_padded(&id, s.next_payload, pad);
             evs.push(NewEvent::new(StreamTag::LEGACY, Kind::Message, p));
         }
@@ -3193,5 +3215,75 @@ mod tests {
             gone |= fs.open(&name, false).is_err();
         }
         assert!(gone);
+    }
+
+    // === adversary15 ===
+
+    /// Files of the segments and their bytes: what a turn that makes progress changes.
+    fn adv_files(sim: &Sim) -> (u64, Vec<String>) {
+        (sim.fs.segment_bytes(), sim.fs.list().unwrap())
+    }
+
+    /// adversary15 finding: a compaction under way when the disk fills spins the writer.
+    /// `Writer::busy` is `wants_compaction()`, which is true whenever `self.compaction` is
+    /// `Some`, whatever the health. The turn whose write fails out of space restores the
+    /// compaction cursor (`compaction_before`), so the degraded log stays "busy", and the run
+    /// loop (`busy = !ops.is_empty() || self.busy()`, then `std::future::ready(())`) turns again
+    /// at once, for ever: nothing is written or deleted (or a copy is tried and fails again, with
+    /// an error line and `store_errors` each time), until the probe sees space or
+    /// `log.store_error_exit_secs` (60 s) exits. The simulator's own spin check only looks at
+    /// `Health::Ok` turns, so it never sees this. Here: 200 turns at one instant.
+    #[test]
+    #[ignore = "adversary15: a degraded log with a compaction under way spins (busy, no progress)"]
+    fn adv15_a_compaction_under_way_when_the_disk_fills_spins_the_writer() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 1 << 20;
+            // Segments of 64 KiB, half of each live: more than a quarter of the reserve, so the
+            // degraded log's `compact_nearly_dead` leaves the compaction alone.
+            sim.seg_size = 64 << 10;
+            sim.start().await;
+            let (a, b) = (sim.create().unwrap(), sim.create().unwrap());
+            sim.turn().await;
+            for i in 0..100 {
+                send(&mut sim, a, &format!("a-{i}-{}", "x".repeat(1000)));
+                send(&mut sim, b, &format!("b-{i}-{}", "y".repeat(1000)));
+                sim.turn().await;
+            }
+            let lb = log_of(&sim, b).unwrap();
+            sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
+            sim.turn().await;
+            let (done, _rx) = oneshot::channel();
+            sim.ops.push(Op::Remove { session: b, done });
+            sim.turn().await;
+            // Half of every segment is dead: compaction starts, one 4 KiB slice a turn.
+            sim.turn().await;
+            let seg1 = super::super::segment::file_name(1);
+            assert!(sim.writer.as_ref().unwrap().busy(), "compaction under way");
+            assert!(sim.fs.list().unwrap().contains(&seg1), "segment 1 not done yet");
+            // The disk fills; the next turn (a slice of copies and an append) fails.
+            set_capacity(&sim, Some(sim.fs.used()));
+            send(&mut sim, a, "a-fails");
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            let errors_before = sim.store().metrics.store_errors.get();
+            let mut idle = 0;
+            for _ in 0..200 {
+                let before = adv_files(&sim);
+                let ops_before = sim.ops.len();
+                sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+                let w = sim.writer.as_ref().unwrap();
+                let run_loop_busy = !sim.ops.is_empty() || w.busy();
+                if run_loop_busy && adv_files(&sim) == before && sim.ops.len() == ops_before {
+                    idle += 1;
+                }
+            }
+            let errors = sim.store().metrics.store_errors.get() - errors_before;
+            assert!(
+                idle < 200,
+                "the writer spins: {idle} turns at one instant busy (the run loop does not \
+                 wait) with nothing written or deleted; {errors} more store errors counted"
+            );
+        });
     }
 }
