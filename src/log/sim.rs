@@ -3338,4 +3338,56 @@ mod tests {
             );
         });
     }
+
+    /// adversary15 finding: a degraded log that owes a record it cannot write spins on it,
+    /// one failed write, cut, sync and error line per turn. `Writer::busy` is true while
+    /// `st.internal` is not empty, whatever the health; a turn whose write fails out of space
+    /// owes its records again, so the run loop turns again at once. The reserve helps once:
+    /// given up, and the space taken by someone else (the disk filled further), every turn
+    /// tries the owed trim again, at full speed, for `log.store_error_exit_secs`, and
+    /// `mcp_resume_store_errors_total` moves by one per turn (§10: "one error line").
+    #[test]
+    #[ignore = "adversary15: a degraded log spins on a record it owes (failed write per turn)"]
+    fn adv15_a_degraded_log_spins_on_a_record_it_owes() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Fsync);
+            sim.cfg.max_total_bytes = 1 << 20;
+            sim.cfg.max_events_per_session = 5;
+            sim.seg_size = 64 << 10;
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            for i in 0..6 {
+                send(&mut sim, a, &format!("a-{i}"));
+                sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            }
+            // The sixth event trimmed the first: its trim record is owed. No room for it, and
+            // none either once the reserve is given up.
+            let reserve = sim.store().reserve_bytes as u64;
+            set_capacity(&sim, Some(sim.fs.used() - reserve));
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert_eq!(*sim.store().health.borrow(), Health::Degraded);
+            sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+            assert!(
+                !sim.fs.list().unwrap().contains(&".reserve".to_string()),
+                "the reserve was given up"
+            );
+            let errors_before = sim.store().metrics.store_errors.get();
+            let mut idle = 0;
+            for _ in 0..200 {
+                let before = adv_files(&sim);
+                sim.writer.as_mut().unwrap().turn(&mut sim.ops);
+                let w = sim.writer.as_ref().unwrap();
+                if w.busy() && adv_files(&sim) == before {
+                    idle += 1;
+                }
+            }
+            let errors = sim.store().metrics.store_errors.get() - errors_before;
+            assert!(
+                idle < 200 && errors < 10,
+                "the writer spins: {idle} turns at one instant busy with nothing written or \
+                 deleted, {errors} failed writes counted (and logged) meanwhile"
+            );
+        });
+    }
 }
