@@ -470,6 +470,11 @@ pub(crate) struct Writer {
     last_new: usize,
     /// Since when the log is degraded (out of space).
     degraded_since: Option<tokio::time::Instant>,
+    /// Degraded, and the last turn changed nothing (no op taken, no byte kept, no segment
+    /// gone): the run loop then waits for an op or the space probe instead of turning again at
+    /// once, which spun a core for up to `log.store_error_exit_secs` on held appends, a
+    /// compaction under way or a record owed that cannot be written.
+    stalled: bool,
     /// Written since the last sync.
     dirty: bool,
     /// Compaction in progress: segment and offset of the next record to look at.
@@ -661,7 +666,7 @@ impl Writer {
         let mut stoppable = true;
         while open || !self.st.internal.is_empty() {
             // Ops left over from a turn that reached its byte cap, records owed, compaction.
-            let busy = !ops.is_empty() || self.busy();
+            let busy = self.wants_turn(&ops);
             let retrying = !self.pending_ends.is_empty() || self.health() == Health::Degraded;
             tokio::select! {
                 biased;
@@ -714,6 +719,7 @@ impl Writer {
             last_written: 0,
             last_new: 0,
             degraded_since: None,
+            stalled: false,
             dirty: false,
             compaction: None,
             pending_ends: Vec::new(),
@@ -733,6 +739,13 @@ impl Writer {
     #[cfg(test)]
     pub(crate) fn last_written(&self) -> usize {
         self.last_written
+    }
+
+    /// Turns again at once, without waiting for an op or a timer: ops are left over from the
+    /// last turn, or it has work of its own, and it is not stalled (degraded, the last turn
+    /// changed nothing).
+    pub(crate) fn wants_turn(&self, ops: &[Op]) -> bool {
+        !self.stalled && (!ops.is_empty() || self.busy())
     }
 
     /// Has work of its own (records owed, compaction) to do without waiting for ops.
@@ -755,6 +768,25 @@ impl Writer {
 
     /// One turn: plan, write, sync, publish (or fail).
     pub(crate) fn turn(&mut self, ops: &mut Vec<Op>) {
+        let before = self.footprint(ops);
+        self.turn_once(ops);
+        self.stalled = self.health() == Health::Degraded && self.footprint(ops) == before;
+    }
+
+    /// What a turn that makes progress changes.
+    fn footprint(&self, ops: &[Op]) -> (usize, u64, u64, usize, u64, usize, usize) {
+        (
+            ops.len(),
+            self.st.active,
+            self.active_len,
+            self.st.segs.len(),
+            self.store.disk.load(Ordering::Relaxed),
+            self.st.internal.len(),
+            self.pending_ends.len(),
+        )
+    }
+
+    fn turn_once(&mut self, ops: &mut Vec<Op>) {
         if self.health() == Health::Failed {
             for op in ops.drain(..) {
                 self.reject(op, &StoreError::Unavailable);
