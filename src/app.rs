@@ -22,6 +22,9 @@ use crate::session::Registry;
 use crate::shutdown::Drain;
 use crate::stream::StreamEnv;
 
+// `config` is a leaf: it keeps its own copy of the log's event bound, held equal here.
+const _: () = assert!(crate::config::MAX_EVENT_BYTES == crate::log::MAX_EVENT_BYTES);
+
 /// A failure to start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {

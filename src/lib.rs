@@ -24,7 +24,8 @@
 //!   `subscriptions/listen`, and tasks kept in [5].
 //!
 //! Around it: [`domain`] (the vocabulary the others share), [`config`] (every section, the
-//! 2026-07-28 face's included: a leaf, it imports no component), [`metrics`], [`admin`],
+//! 2026-07-28 face's and `[auth]` included: it imports no component, only the leaves [`tls`] and
+//! [`jwt`] whose file checks its validation runs), [`metrics`], [`admin`],
 //! [`shutdown`], [`app`] (wiring), [`sse`] (decoder/encoder), [`jsonrpc`] (routing fields, error
 //! bodies, and the one table of JSON-RPC codes of all faces), [`identity`] and [`jwt`] (who a
 //! caller is), [`echo`] (client values cut before they are echoed), [`demo`] and [`inspect`].
