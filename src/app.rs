@@ -179,7 +179,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         listener,
         cfg.listen.max_connections,
         tls.clone(),
-        move |req| listen::route(ctx.clone(), req),
+        move |req| crate::facade::router::route(ctx.clone(), req),
         stop_rx.clone(),
     ));
     let janitor = tokio::spawn(registry.clone().janitor(stop_rx));
