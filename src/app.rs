@@ -15,7 +15,7 @@ use crate::admin::Admin;
 use crate::config::Config;
 use crate::domain::EndReason;
 use crate::facade::Ctx;
-use crate::listen;
+use crate::listener;
 use crate::log::{Health, Log, Recovery};
 use crate::metrics::Metrics;
 use crate::session::Registry;
@@ -132,7 +132,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         ready: ready.clone(),
         store_ok: store_ok.clone(),
     };
-    let admin = tokio::spawn(listen::serve(
+    let admin = tokio::spawn(listener::serve(
         admin_listener,
         64,
         None,
@@ -175,7 +175,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     if let Some(t) = &tls {
         tokio::spawn(t.clone().watch(stop_rx.clone()));
     }
-    let client = tokio::spawn(listen::serve(
+    let client = tokio::spawn(listener::serve(
         listener,
         cfg.listen.max_connections,
         tls.clone(),

@@ -4,15 +4,15 @@
 //! # Data path
 //!
 //! ```text
-//! client ─▶ [1] listen ─▶ [2] facade: router ─▶ legacy | streamable | modern ─▶ [3] session registry
+//! client ─▶ [1] listener ─▶ [2] facade: router ─▶ legacy | streamable | modern
 //!                                                               │
-//!           [4] upstream link (SSE reader, POST forwarder) ◀────┘
+//!           [4] upstream link (SSE reader, POST forwarder) ◀── [3] session registry
 //!                    │ every upstream event
 //!                    ▼
 //!           [5] log (append, group commit, trim) ─▶ [6] client stream (cursor: replay, then live)
 //! ```
 //!
-//! - [`listen`]: accept loop, connection limit.
+//! - [`listener`]: the TCP/TLS listener: accept loop, connection limit.
 //! - [`facade`]: three sibling faces behind one router (`facade/router.rs`: by path, then per
 //!   request the era on `/mcp`) over a leaf of shared HTTP helpers (`facade/http.rs`: caller,
 //!   bodies, responses, refusals): the legacy HTTP+SSE face (`facade/legacy.rs`), the sessionful
@@ -61,7 +61,7 @@ pub mod headers {
 }
 #[doc(hidden)]
 pub mod jsonrpc;
-mod listen;
+mod listener;
 pub mod log;
 pub mod metrics;
 pub use facade::modern;

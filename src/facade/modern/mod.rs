@@ -17,12 +17,12 @@
 //!   response and never carries event ids; closing it cancels the request upstream.
 //! - `server/discover` is answered from the upstream's `initialize` result ([`discover`]).
 //! - Upstream sampling / elicitation / roots requests become MRTR rounds ([`mrtr`]).
-//! - `subscriptions/listen` streams ([`listen`]); the Tasks extension backed by the log ([`tasks`]).
+//! - `subscriptions/listen` streams ([`subscriptions`]); the Tasks extension backed by the log ([`tasks`]).
 
-pub mod listen;
 pub mod mrtr;
 pub mod params;
 pub mod pool;
+pub mod subscriptions;
 pub mod tasks;
 pub mod wire;
 
@@ -42,9 +42,9 @@ use crate::facade::http::{plain, sse_response, Caller, Resp};
 use crate::log::Log;
 use crate::metrics::Metrics;
 use crate::stream::SseBody;
-use listen::{Filter, Hub};
 use mrtr::{Binding, Mrtr, Pending};
 use pool::{Pool, PoolSettings, UpCall, UpMsg, Who};
+use subscriptions::{Filter, Hub};
 use tasks::{TaskLimits, TaskMode, Tasks};
 use wire::{Inbound, Refusal};
 
@@ -569,7 +569,8 @@ impl Modern {
                 Ended::Refused(r) => error_msg(&inb.id, r.code, &r.message, r.data),
                 Ended::Gone => return,
             };
-            let _ = tokio::time::timeout(LAST_FRAME_WAIT, tx.send(listen::frame(&last))).await;
+            let _ =
+                tokio::time::timeout(LAST_FRAME_WAIT, tx.send(subscriptions::frame(&last))).await;
         });
         sse(rx, &self.metrics)
     }
@@ -665,7 +666,7 @@ impl Modern {
                         if let (Some(tok), Some(o)) = (&inb.progress, p.as_object_mut()) {
                             o.insert("progressToken".into(), tok.clone());
                             let n = json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": p});
-                            if let Some(stop) = emit(listen::frame(&n)).await {
+                            if let Some(stop) = emit(subscriptions::frame(&n)).await {
                                 return self.stopped(stop, inb);
                             }
                         }
@@ -675,7 +676,7 @@ impl Modern {
                         if let (Some(want), Some(got)) = (inb.log_level, lvl) {
                             if got >= want {
                                 let n = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": p});
-                                if let Some(stop) = emit(listen::frame(&n)).await {
+                                if let Some(stop) = emit(subscriptions::frame(&n)).await {
                                     return self.stopped(stop, inb);
                                 }
                             }
@@ -889,7 +890,7 @@ impl Modern {
             let started = tokio::time::Instant::now();
             let mut keepalive = tokio::time::interval_at(started + me.keepalive, me.keepalive);
             let ended = async {
-                if tx.send(listen::ack(&filter, &sub_id)).await.is_err() {
+                if tx.send(subscriptions::ack(&filter, &sub_id)).await.is_err() {
                     return None;
                 }
                 let end_at = started + lifetime;
@@ -900,8 +901,8 @@ impl Modern {
                     async move {
                         tokio::select! {
                             r = tx.send(b) => r.is_ok().then_some(()).ok_or(None),
-                            _ = tokio::time::sleep_until(end_at) => Err(Some(listen::Closed::Ended)),
-                            _ = draining(&mut drain) => Err(Some(listen::Closed::Ended)),
+                            _ = tokio::time::sleep_until(end_at) => Err(Some(subscriptions::Closed::Ended)),
+                            _ = draining(&mut drain) => Err(Some(subscriptions::Closed::Ended)),
                         }
                     }
                 };
@@ -917,17 +918,19 @@ impl Modern {
                             }
                         }
                         _ = tx.closed() => return None,
-                        _ = draining(&mut drain) => return Some(listen::Closed::Ended),
+                        _ = draining(&mut drain) => return Some(subscriptions::Closed::Ended),
                         // `modern.listen_max_secs`: a graceful end; the client listens again.
                         _ = tokio::time::sleep_until(started + lifetime) => {
-                            return Some(listen::Closed::Ended);
+                            return Some(subscriptions::Closed::Ended);
                         }
                     }
                 }
             };
             let last = match ended.await {
-                Some(listen::Closed::Ended) => Some(listen::end(&sub_id, server_info.as_ref())),
-                Some(listen::Closed::FellBehind) => Some(listen::frame(&error_msg(
+                Some(subscriptions::Closed::Ended) => {
+                    Some(subscriptions::end(&sub_id, server_info.as_ref()))
+                }
+                Some(subscriptions::Closed::FellBehind) => Some(subscriptions::frame(&error_msg(
                     &sub_id,
                     crate::jsonrpc::INTERNAL_ERROR,
                     "listen ended: its reader fell behind the notifications queued for it",

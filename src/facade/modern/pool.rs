@@ -32,7 +32,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use super::listen::Hub;
+use super::subscriptions::Hub;
 use crate::error::{Error, Result};
 use crate::identity::Identity;
 use crate::session::Owner;
