@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::Request;
 use hyper::body::Incoming;
 
-use crate::facade::{plain, Resp};
+use crate::facade::http::{plain, Resp};
 use crate::metrics::Metrics;
 
 /// Admin state.

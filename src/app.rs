@@ -15,12 +15,15 @@ use crate::admin::Admin;
 use crate::config::Config;
 use crate::domain::EndReason;
 use crate::facade::Ctx;
-use crate::listen;
+use crate::listener;
 use crate::log::{Health, Log, Recovery};
 use crate::metrics::Metrics;
 use crate::session::Registry;
 use crate::shutdown::Drain;
 use crate::stream::StreamEnv;
+
+// `config` is a leaf: it keeps its own copy of the log's event bound, held equal here.
+const _: () = assert!(crate::config::MAX_EVENT_BYTES == crate::log::MAX_EVENT_BYTES);
 
 /// A failure to start.
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +132,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         ready: ready.clone(),
         store_ok: store_ok.clone(),
     };
-    let admin = tokio::spawn(listen::serve(
+    let admin = tokio::spawn(listener::serve(
         admin_listener,
         64,
         None,
@@ -172,11 +175,11 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     if let Some(t) = &tls {
         tokio::spawn(t.clone().watch(stop_rx.clone()));
     }
-    let client = tokio::spawn(listen::serve(
+    let client = tokio::spawn(listener::serve(
         listener,
         cfg.listen.max_connections,
         tls.clone(),
-        move |req| listen::route(ctx.clone(), req),
+        move |req| crate::facade::router::route(ctx.clone(), req),
         stop_rx.clone(),
     ));
     let janitor = tokio::spawn(registry.clone().janitor(stop_rx));

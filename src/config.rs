@@ -12,6 +12,10 @@ use std::time::Duration;
 /// Largest value accepted for a timeout in seconds (one day).
 pub const MAX_TIMEOUT_SECS: u64 = 86_400;
 
+/// Largest value accepted for `upstream.max_event_bytes` (255 MiB): the log's record bound,
+/// [`crate::log::MAX_EVENT_BYTES`] (the two are held equal at compile time in `app.rs`).
+pub const MAX_EVENT_BYTES: usize = 255 * 1024 * 1024;
+
 /// A configuration error: one line naming the key at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -57,7 +61,7 @@ pub struct Config {
     /// Graceful shutdown.
     pub shutdown: ShutdownConfig,
     /// Who a caller is (identity binding of sessions).
-    pub auth: crate::identity::AuthConfig,
+    pub auth: AuthConfig,
     /// TLS on the client listener.
     pub tls: crate::tls::TlsConfig,
     /// The MCP 2026-07-28 face on the Streamable HTTP path.
@@ -559,7 +563,7 @@ impl Config {
         }
         // A record is read back only up to the log's record bound: a larger event could be
         // written but never read (found by review).
-        if self.upstream.max_event_bytes > crate::log::MAX_EVENT_BYTES {
+        if self.upstream.max_event_bytes > MAX_EVENT_BYTES {
             return Err(bad(
                 "upstream.max_event_bytes",
                 "must be at most 255 MiB (the log's record bound)",
@@ -669,6 +673,132 @@ impl Config {
     pub fn request_timeout(&self) -> Option<Duration> {
         (self.upstream.request_timeout_secs > 0)
             .then(|| Duration::from_secs(self.upstream.request_timeout_secs))
+    }
+}
+
+/// `auth.mode`: how a caller's identity is established.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// The keyed hash of the identity headers' values (and client certificate), unverified.
+    #[default]
+    Opaque,
+    /// A verified bearer JWT (OAuth 2.1 resource server): identity = (iss, sub).
+    Jwt,
+}
+
+/// `[auth]`: what identifies a caller.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `opaque` (default) or `jwt`.
+    pub mode: AuthMode,
+    /// Request headers whose values make up the caller's identity (case-insensitive names;
+    /// `opaque` mode).
+    pub identity_headers: Vec<String>,
+    /// Requests without any identity (no such header, no client certificate) get 401 (`opaque`
+    /// mode; with `jwt` every request needs a valid token).
+    pub require_identity: bool,
+    /// `jwt`: the JWKS file with the issuer's public keys (read again when it changes).
+    pub jwks_file: Option<std::path::PathBuf>,
+    /// `jwt`: the accepted `iss`.
+    pub issuer: String,
+    /// `jwt`: accepted `aud` values (the token must name one): this resource's identifiers.
+    pub audience: Vec<String>,
+    /// `jwt`: seconds of clock skew allowed on `exp` and `nbf`.
+    pub leeway_secs: u64,
+    /// `jwt`: accepted signature algorithms (asymmetric only: [`crate::jwt::ALLOWED`]).
+    pub algorithms: Vec<String>,
+    /// `jwt`: the protected resource metadata URL (RFC 9728) named in `WWW-Authenticate`
+    /// (empty: none).
+    pub resource_metadata_url: String,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            mode: AuthMode::Opaque,
+            identity_headers: vec!["authorization".into()],
+            require_identity: false,
+            jwks_file: None,
+            issuer: "".into(),
+            audience: Vec::new(),
+            leeway_secs: 60,
+            algorithms: vec!["RS256".into(), "ES256".into(), "EdDSA".into()],
+            resource_metadata_url: "".into(),
+        }
+    }
+}
+
+impl AuthConfig {
+    /// The token rules of `jwt` mode (`None` in `opaque` mode). Call on a validated config.
+    pub fn jwt_rules(&self) -> Option<crate::jwt::JwtRules> {
+        (self.mode == AuthMode::Jwt).then(|| crate::jwt::JwtRules {
+            jwks_file: self.jwks_file.clone().unwrap_or_default(),
+            issuer: self.issuer.clone(),
+            audience: self.audience.clone(),
+            leeway_secs: self.leeway_secs,
+            algorithms: self
+                .algorithms
+                .iter()
+                .filter_map(|a| crate::jwt::parse_algorithm(a))
+                .collect(),
+        })
+    }
+
+    /// Checks the `[auth]` keys: `(key, reason)` of the first bad one.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        if self.mode != AuthMode::Jwt {
+            return Ok(());
+        }
+        let Some(f) = &self.jwks_file else {
+            return Err(("auth.jwks_file", "required with auth.mode = \"jwt\"".into()));
+        };
+        crate::jwt::load_jwks(f).map_err(|e| ("auth.jwks_file", e))?;
+        if self.issuer.trim().is_empty() || self.issuer.trim() != self.issuer {
+            return Err(("auth.issuer", "required with auth.mode = \"jwt\"".into()));
+        }
+        if self.audience.is_empty()
+            || self
+                .audience
+                .iter()
+                .any(|a| a.trim().is_empty() || a.trim() != a)
+        {
+            return Err((
+                "auth.audience",
+                "one or more non-empty values, without surrounding spaces, required with auth.mode = \"jwt\"".into(),
+            ));
+        }
+        if self.leeway_secs > 600 {
+            return Err(("auth.leeway_secs", "at most 600".into()));
+        }
+        if self.algorithms.is_empty() {
+            return Err(("auth.algorithms", "at least one".into()));
+        }
+        for a in &self.algorithms {
+            if crate::jwt::parse_algorithm(a).is_none() {
+                return Err((
+                    "auth.algorithms",
+                    format!(
+                        "`{a}` is not one of {} (asymmetric only: never none or HMAC)",
+                        crate::jwt::ALLOWED.join(", ")
+                    ),
+                ));
+            }
+        }
+        if !self.resource_metadata_url.is_empty() {
+            let u = &self.resource_metadata_url;
+            let ok = u.parse::<http::Uri>().ok().is_some_and(|u| {
+                matches!(u.scheme_str(), Some("https" | "http")) && u.host().is_some()
+            }) && !u.contains(['"', '\\']);
+            if !ok {
+                return Err((
+                    "auth.resource_metadata_url",
+                    format!("`{u}` is not an absolute http(s) URL"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -941,5 +1071,70 @@ mod tests {
         );
         let n = parse_origin("https://example.com").unwrap();
         assert_eq!(parse_origin(&n).unwrap(), n);
+    }
+
+    /// `auth.mode = "jwt"` refuses a config it cannot verify tokens with, naming the key.
+    #[test]
+    fn jwt_mode_checks_its_keys() {
+        let dir = std::env::temp_dir().join(format!("mcp-auth-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let jwks = dir.join("jwks.json");
+        std::fs::write(
+            &jwks,
+            br#"{"keys":[{"kty":"OKP","crv":"Ed25519","x":"11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#,
+        )
+        .unwrap();
+        let ok = AuthConfig {
+            mode: AuthMode::Jwt,
+            jwks_file: Some(jwks.clone()),
+            issuer: "https://issuer".into(),
+            audience: vec!["api".into()],
+            ..AuthConfig::default()
+        };
+        assert_eq!(ok.check(), Ok(()));
+        let key = |c: AuthConfig| c.check().unwrap_err().0;
+        assert_eq!(
+            key(AuthConfig {
+                jwks_file: None,
+                ..ok.clone()
+            }),
+            "auth.jwks_file"
+        );
+        assert_eq!(
+            key(AuthConfig {
+                jwks_file: Some(dir.join("missing")),
+                ..ok.clone()
+            }),
+            "auth.jwks_file"
+        );
+        assert_eq!(
+            key(AuthConfig {
+                issuer: " ".into(),
+                ..ok.clone()
+            }),
+            "auth.issuer"
+        );
+        assert_eq!(
+            key(AuthConfig {
+                audience: vec![],
+                ..ok.clone()
+            }),
+            "auth.audience"
+        );
+        for bad in ["HS256", "none", "rs256"] {
+            let c = AuthConfig {
+                algorithms: vec![bad.into()],
+                ..ok.clone()
+            };
+            assert_eq!(key(c), "auth.algorithms", "{bad}");
+        }
+        let c = AuthConfig {
+            resource_metadata_url: "/relative".into(),
+            ..ok.clone()
+        };
+        assert_eq!(key(c), "auth.resource_metadata_url");
+        // Opaque mode asks nothing of the jwt keys.
+        assert_eq!(AuthConfig::default().check(), Ok(()));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -73,7 +73,7 @@ pub enum Error {
     MethodNotAllowed(&'static str),
     /// The upstream could not be reached or answered badly.
     #[error("upstream: {0}")]
-    Upstream(#[from] UpstreamError),
+    Upstream(#[source] UpstreamError),
     /// The upstream did not answer in time.
     #[error("upstream timeout: {0}")]
     UpstreamTimeout(String),
@@ -86,6 +86,18 @@ pub enum Error {
     /// No room for another session (limits reached).
     #[error("at capacity: {0}")]
     Capacity(String),
+}
+
+impl From<UpstreamError> for Error {
+    /// The upstream link's failures, sorted: a timeout and a lost session have answers of
+    /// their own.
+    fn from(e: UpstreamError) -> Self {
+        match e {
+            UpstreamError::Timeout(what) => Error::UpstreamTimeout(what),
+            UpstreamError::Lost => Error::UpstreamLost,
+            e => Error::Upstream(e),
+        }
+    }
 }
 
 /// How an [`Error`] is told to a client.

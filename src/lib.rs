@@ -4,27 +4,32 @@
 //! # Data path
 //!
 //! ```text
-//! client ─▶ [1] listen ─▶ [2] facade (legacy | streamable) ─▶ [3] session registry
+//! client ─▶ [1] listener ─▶ [2] facade: router ─▶ legacy | streamable | modern
 //!                                                               │
-//!           [4] upstream link (SSE reader, POST forwarder) ◀────┘
+//!           [4] upstream link (SSE reader, POST forwarder) ◀── [3] session registry
 //!                    │ every upstream event
 //!                    ▼
 //!           [5] log (append, group commit, trim) ─▶ [6] client stream (cursor: replay, then live)
 //! ```
 //!
-//! - [`listen`]: accept loop, connection limit, router.
-//! - [`facade`]: the legacy HTTP+SSE face and the Streamable HTTP face.
+//! - [`listener`]: the TCP/TLS listener: accept loop, connection limit.
+//! - [`facade`]: three sibling faces behind one router (`facade/router.rs`: by path, then per
+//!   request the era on `/mcp`) over a leaf of shared HTTP helpers (`facade/http.rs`: caller,
+//!   bodies, responses, refusals): the legacy HTTP+SSE face (`facade/legacy.rs`), the sessionful
+//!   Streamable HTTP face (`facade/streamable.rs`, with `facade/resume.rs`), and the 2026-07-28
+//!   face ([`modern`], `facade/modern/`).
 //! - [`session`]: session id → live session: upstream link, in-flight requests, attached streams.
 //! - [`upstream`]: the proxy-owned upstream SSE stream and POST forwarding.
 //! - [`log`]: the event log (segment files of checksummed records), its writer thread, ids and
 //!   the contiguity check.
 //! - [`stream`]: a client stream as a cursor over the log.
-//! - [`modern`]: the stateless MCP 2026-07-28 face on the same path as [2], per request: a pool
-//!   of proxy-opened upstream sessions partitioned by caller, MRTR, `Mcp-Param-*` checks,
-//!   `subscriptions/listen`, and tasks kept in [5].
+//! - [`modern`] (in [2], `facade/modern/`): the stateless MCP 2026-07-28 face, chosen per request
+//!   by the router: a pool of proxy-opened upstream sessions partitioned by caller, MRTR,
+//!   `Mcp-Param-*` checks, `subscriptions/listen`, and tasks kept in [5].
 //!
 //! Around it: [`domain`] (the vocabulary the others share), [`config`] (every section, the
-//! 2026-07-28 face's included: a leaf, it imports no component), [`metrics`], [`admin`],
+//! 2026-07-28 face's and `[auth]` included: it imports no component, only the leaves [`tls`] and
+//! [`jwt`] whose file checks its validation runs), [`metrics`], [`admin`],
 //! [`shutdown`], [`app`] (wiring), [`sse`] (decoder/encoder), [`jsonrpc`] (routing fields, error
 //! bodies, and the one table of JSON-RPC codes of all faces), [`identity`] and [`jwt`] (who a
 //! caller is), [`echo`] (client values cut before they are echoed), [`demo`] and [`inspect`].
@@ -50,16 +55,16 @@ pub mod jwt;
 #[doc(hidden)]
 pub mod headers {
     pub use crate::config::{origin_of, parse_origin};
+    pub use crate::facade::http::{host_allowed, is_json_content, origin_allowed, query_param};
+    pub use crate::facade::modern::wire::{decode_value, media_refusal, validate, Checked};
     pub use crate::facade::streamable::{accepts, version_header, SUPPORTED_VERSIONS};
-    pub use crate::facade::{host_allowed, is_json_content, origin_allowed, query_param};
-    pub use crate::modern::wire::{decode_value, media_refusal, validate, Checked};
 }
 #[doc(hidden)]
 pub mod jsonrpc;
-mod listen;
+mod listener;
 pub mod log;
 pub mod metrics;
-pub mod modern;
+pub use facade::modern;
 #[doc(hidden)]
 pub mod session;
 pub mod shutdown;

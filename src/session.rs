@@ -262,7 +262,7 @@ impl Session {
                 return Err(e);
             }
         }
-        match self.link.post(body).await {
+        match self.link.post(body).await.map_err(Error::from) {
             Ok(()) => Ok(()),
             Err(Error::UpstreamLost) => {
                 reg.metrics.upstream_error("status");
@@ -485,7 +485,7 @@ impl Session {
     /// upstream stream ends or fails.
     async fn pump(self: Arc<Self>, reg: Arc<Registry>, mut reader: UpstreamReader) {
         let why = loop {
-            let first = match reader.next().await {
+            let first = match reader.next().await.map_err(Error::from) {
                 Ok(Some(item)) => item,
                 Ok(None) => break "stream_eof",
                 Err(e) => {
@@ -712,7 +712,10 @@ impl Registry {
             return Err(Error::Store(StoreError::Unavailable));
         }
         let slot = self.make_room(owner).await?;
-        let (link, reader) = match upstream::connect(&self.upstream, &self.client).await {
+        let (link, reader) = match upstream::connect(&self.upstream, &self.client)
+            .await
+            .map_err(Error::from)
+        {
             Ok(x) => x,
             Err(e) => {
                 let kind = match &e {

@@ -26,7 +26,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
 use crate::config::{origin_of, Config, HttpUrl};
-use crate::error::{Error, Result};
 use crate::sse;
 
 /// Why the upstream link failed. The messages say what happened, never what the upstream said:
@@ -61,6 +60,12 @@ pub enum UpstreamError {
     /// A request could not be built.
     #[error("cannot build the upstream request")]
     Request(#[source] http::Error),
+    /// The upstream did not answer in time; the value says what was awaited.
+    #[error("{0}")]
+    Timeout(String),
+    /// The upstream no longer knows the session (its POST endpoint answered 404).
+    #[error("upstream session lost")]
+    Lost,
 }
 
 impl UpstreamError {
@@ -314,15 +319,15 @@ impl UpstreamReader {
     /// The next item; `Ok(None)` at a clean end of stream.
     ///
     /// # Errors
-    /// [`Error::Upstream`] when the stream fails mid-way.
-    pub async fn next(&mut self) -> Result<Option<UpstreamItem>> {
+    /// [`UpstreamError::Stream`] when the stream fails mid-way.
+    pub async fn next(&mut self) -> Result<Option<UpstreamItem>, UpstreamError> {
         loop {
             if let Some(item) = self.next_buffered() {
                 return Ok(Some(item));
             }
             match self.body.frame().await {
                 None => return Ok(None),
-                Some(Err(e)) => return Err(UpstreamError::Stream(e).into()),
+                Some(Err(e)) => return Err(UpstreamError::Stream(e)),
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
                         self.buf.extend_from_slice(&data);
@@ -336,12 +341,12 @@ impl UpstreamReader {
 /// Opens the upstream SSE stream and waits for its `endpoint` event.
 ///
 /// # Errors
-/// [`Error::Upstream`] when the upstream is unreachable, answers non-200, or ends before the
-/// endpoint; [`Error::UpstreamTimeout`] when that takes longer than the connect timeout.
+/// An [`UpstreamError`] when the upstream is unreachable, answers non-200, or ends before the
+/// endpoint; [`UpstreamError::Timeout`] when that takes longer than the connect timeout.
 pub async fn connect(
     set: &UpstreamSettings,
     client: &HttpClient,
-) -> Result<(UpstreamLink, UpstreamReader)> {
+) -> Result<(UpstreamLink, UpstreamReader), UpstreamError> {
     let fut = async {
         let req = Request::builder()
             .method(Method::GET)
@@ -352,7 +357,7 @@ pub async fn connect(
             .map_err(UpstreamError::Request)?;
         let resp = client.request(req).await.map_err(UpstreamError::Connect)?;
         if resp.status() != StatusCode::OK {
-            return Err(UpstreamError::Status(resp.status()).into());
+            return Err(UpstreamError::Status(resp.status()));
         }
         let mut reader = UpstreamReader {
             body: resp.into_body(),
@@ -361,7 +366,7 @@ pub async fn connect(
         };
         loop {
             match reader.next().await? {
-                None => return Err(UpstreamError::NoEndpoint.into()),
+                None => return Err(UpstreamError::NoEndpoint),
                 Some(UpstreamItem::Event(ev)) if ev.event.as_deref() == Some("endpoint") => {
                     let data = String::from_utf8_lossy(&ev.data);
                     let uri =
@@ -372,7 +377,7 @@ pub async fn connect(
                     );
                     if !set.endpoint_allowed(&origin) {
                         // Client bodies (with their secrets) go only where the operator said.
-                        return Err(UpstreamError::EndpointRejected { origin }.into());
+                        return Err(UpstreamError::EndpointRejected { origin });
                     }
                     let link = UpstreamLink {
                         post_uri: uri,
@@ -389,7 +394,7 @@ pub async fn connect(
     };
     tokio::time::timeout(set.connect_timeout, fut)
         .await
-        .map_err(|_| Error::UpstreamTimeout("no `endpoint` event in time".into()))?
+        .map_err(|_| UpstreamError::Timeout("no `endpoint` event in time".into()))?
 }
 
 /// Resolves the `endpoint` event's data against the SSE URL (RFC 3986 §5.2, for the forms servers
@@ -484,9 +489,9 @@ impl UpstreamLink {
     /// Forwards one client message. `Ok(())` on any 2xx.
     ///
     /// # Errors
-    /// [`Error::UpstreamLost`] on 404 (the upstream no longer knows the session);
-    /// [`Error::UpstreamTimeout`] after the POST timeout; [`Error::Upstream`] otherwise.
-    pub async fn post(&self, body: Bytes) -> Result<()> {
+    /// [`UpstreamError::Lost`] on 404 (the upstream no longer knows the session);
+    /// [`UpstreamError::Timeout`] after the POST timeout; another [`UpstreamError`] otherwise.
+    pub async fn post(&self, body: Bytes) -> Result<(), UpstreamError> {
         let req = Request::builder()
             .method(Method::POST)
             .uri(self.post_uri.clone())
@@ -511,15 +516,15 @@ impl UpstreamLink {
             if status.is_success() {
                 Ok(())
             } else if status == StatusCode::NOT_FOUND {
-                Err(Error::UpstreamLost)
+                Err(UpstreamError::Lost)
             } else {
                 tracing::debug!(%status, body = %String::from_utf8_lossy(&body[..body.len().min(256)]), "upstream refused a POST");
-                Err(UpstreamError::Status(status).into())
+                Err(UpstreamError::Status(status))
             }
         };
         tokio::time::timeout(self.timeout, fut)
             .await
-            .map_err(|_| Error::UpstreamTimeout("POST not answered in time".into()))?
+            .map_err(|_| UpstreamError::Timeout("POST not answered in time".into()))?
     }
 }
 

@@ -145,7 +145,7 @@ fn demo_config(upstream: String, dir: &std::path::Path) -> Config {
     cfg.log.dir = dir.to_path_buf();
     cfg.log.durability = Durability::Fsync;
     cfg.log.max_events_per_session = 30;
-    cfg.tasks.mode = crate::modern::tasks::TaskMode::Always;
+    cfg.tasks.mode = crate::facade::modern::tasks::TaskMode::Always;
     cfg
 }
 

@@ -11,9 +11,8 @@ use bytes::Bytes;
 use http::{Method, Request};
 use hyper::body::Incoming;
 
-use super::{
-    error_response, plain, query_param, read_client_body, sse_response, Caller, Ctx, Resp,
-};
+use super::http::{error_response, plain, query_param, sse_response, Caller, Resp};
+use super::{read_client_body, Ctx};
 use crate::domain::Facade;
 use crate::echo;
 use crate::error::Error;
@@ -110,7 +109,7 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     };
     // A web page can POST `text/plain` cross-origin without a preflight; a JSON-RPC message
     // must say it is JSON.
-    if !super::is_json_content(req.headers()) {
+    if !super::http::is_json_content(req.headers()) {
         ctx.reg.metrics.request_rejected("unsupported_media_type");
         return error_response(&Error::UnsupportedMediaType, None);
     }

@@ -12,7 +12,8 @@
 
 use std::sync::Arc;
 
-use super::{error_response, refusal, Caller, Ctx, Resp};
+use super::http::{error_response, refusal, Caller, Resp};
+use super::Ctx;
 use crate::domain::Facade;
 use crate::error::{Error, StoreError};
 use crate::log::cursor::{check_resume, Cursor, LogRanges, Refusal};

@@ -21,16 +21,16 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, Method, Request};
+use http::{header, HeaderMap, Request};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use serde_json::json;
 use serde_json::value::RawValue;
 
-use super::{
-    error_response, is_json_content, plain, read_client_body, refusal, sse_response, Caller, Ctx,
-    Resp,
+use super::http::{
+    error_response, is_json_content, plain, refusal, sse_response, Caller, LegacyBody, Resp,
 };
+use super::{read_client_body, Ctx};
 use crate::domain::{EndReason, Facade};
 use crate::echo;
 use crate::error::Error;
@@ -40,14 +40,7 @@ use crate::log::{Kind, NewEvent, SessionLog, StreamTag};
 use crate::session::Session;
 use crate::stream::{self, Filter, StreamSpec};
 
-/// Protocol versions accepted in `MCP-Protocol-Version` (the TypeScript SDK's supported list).
-pub const SUPPORTED_VERSIONS: [&str; 5] = [
-    "2025-11-25",
-    "2025-06-18",
-    "2025-03-26",
-    "2024-11-05",
-    "2024-10-07",
-];
+pub use super::http::SUPPORTED_VERSIONS;
 /// The version assumed when a request names none and the session knows none (spec 2025-06-18).
 pub const DEFAULT_VERSION: &str = "2025-03-26";
 /// The first version whose POST streams start with a priming event (SEP-1699).
@@ -57,28 +50,6 @@ pub const LAST_BATCH_VERSION: &str = "2025-03-26";
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const VERSION_HEADER: &str = "mcp-protocol-version";
-
-/// Serves one request to the MCP endpoint.
-pub async fn handle(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
-    let caller = match ctx.caller(&req) {
-        Ok(c) => c,
-        Err(r) => return *r,
-    };
-    // --- 2026-07-28 era selection (crate::modern): a modern GET/DELETE is 405 ---
-    if matches!(*req.method(), Method::GET | Method::DELETE) {
-        if let Some(r) = crate::modern::refuse_get_delete(req.headers()) {
-            return r;
-        }
-    }
-    // --- end of the 2026-07-28 hook ---
-    let method = req.method().clone();
-    match method {
-        Method::POST => post(ctx, &caller, req).await,
-        Method::GET => get(ctx, &caller, req).await,
-        Method::DELETE => delete(ctx, &caller, req.headers()).await,
-        _ => error_response(&Error::MethodNotAllowed("GET, POST, DELETE"), None),
-    }
-}
 
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).map(|v| v.to_str().unwrap_or("\u{fffd}"))
@@ -245,14 +216,8 @@ fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
     Ok((msgs, true))
 }
 
-async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
-    // --- 2026-07-28 era selection (crate::modern): modern requests are served there; the rest
-    // come back with their body (read or not) ---
-    let req = match crate::modern::select(ctx, caller, req).await {
-        crate::modern::Era::Modern(r) => return r,
-        crate::modern::Era::Legacy(req) => req,
-    };
-    // --- end of the 2026-07-28 hook ---
+/// `POST`: the era is the router's choice ([`super::router::mcp`]); this is the sessionful one.
+pub async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<LegacyBody>) -> Resp {
     let h = req.headers();
     if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {
         return error_response(
@@ -470,7 +435,8 @@ async fn answer(
 // ---------------------------------------------------------------------------------------------
 // GET
 
-async fn get(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
+/// `GET`: the standalone stream, or a resume.
+pub async fn get(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
     let h = req.headers();
     if !accepts(h, "text/event-stream") {
         return error_response(&Error::NotAcceptable("text/event-stream"), None);
@@ -679,7 +645,8 @@ async fn resume(
 // ---------------------------------------------------------------------------------------------
 // DELETE
 
-async fn delete(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
+/// `DELETE`: ends the session.
+pub async fn delete(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
     if let Err(r) = version_header(h) {
         return *r;
     }

@@ -32,9 +32,9 @@ use prometheus::IntCounterVec;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::listen::Hub;
 use super::mrtr::{self, Pending, Responses};
 use super::pool::{UpCall, UpMsg};
+use super::subscriptions::Hub;
 pub use crate::config::{TaskMode, TasksConfig};
 use crate::domain::{EndReason, Facade};
 use crate::error::{Error, Result, StoreError};

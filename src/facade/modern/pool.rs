@@ -32,7 +32,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
-use super::listen::Hub;
+use super::subscriptions::Hub;
 use crate::error::{Error, Result};
 use crate::identity::Identity;
 use crate::session::Owner;
@@ -221,7 +221,7 @@ impl UpSession {
     /// # Errors
     /// As [`UpstreamLink::post`].
     pub async fn post(&self, msg: &Value) -> Result<()> {
-        self.link.post(Bytes::from(msg.to_string())).await
+        Ok(self.link.post(Bytes::from(msg.to_string())).await?)
     }
 
     /// Posts one message upstream, already serialised.
@@ -229,7 +229,7 @@ impl UpSession {
     /// # Errors
     /// As [`UpstreamLink::post`].
     pub async fn post_bytes(&self, msg: Bytes) -> Result<()> {
-        self.link.post(msg).await
+        Ok(self.link.post(msg).await?)
     }
 
     /// Sends a request of the proxy's own and waits (at most `limit`) for its response.
@@ -966,7 +966,7 @@ enum Take {
 
 async fn pump(session: Arc<UpSession>, mut reader: UpstreamReader, hub: Arc<Hub>) {
     loop {
-        match reader.next().await {
+        match reader.next().await.map_err(Error::from) {
             Ok(Some(UpstreamItem::Event(ev))) => {
                 if ev.event.as_deref().is_some_and(|t| t != "message") {
                     continue;

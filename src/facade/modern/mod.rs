@@ -5,7 +5,7 @@
 //! capabilities) and the `MCP-Protocol-Version` / `Mcp-Method` / `Mcp-Name` headers. The era is
 //! chosen per request, body first: a request whose `params._meta` claims a protocol version is
 //! modern; `initialize` and anything else without a claim stays on the sessionful face
-//! ([`crate::facade::streamable`]), untouched. See [`select`].
+//! ([`crate::facade::streamable`]), untouched. See [`crate::facade::router::select`].
 //!
 //! - Validation ([`wire`]): JSON (`-32700`), shape (`-32600`), envelope (`-32602`), header
 //!   cross-check (`-32020`), version (`-32022` with `data.supported`), method registry (404
@@ -17,12 +17,12 @@
 //!   response and never carries event ids; closing it cancels the request upstream.
 //! - `server/discover` is answered from the upstream's `initialize` result ([`discover`]).
 //! - Upstream sampling / elicitation / roots requests become MRTR rounds ([`mrtr`]).
-//! - `subscriptions/listen` streams ([`listen`]); the Tasks extension backed by the log ([`tasks`]).
+//! - `subscriptions/listen` streams ([`subscriptions`]); the Tasks extension backed by the log ([`tasks`]).
 
-pub mod listen;
 pub mod mrtr;
 pub mod params;
 pub mod pool;
+pub mod subscriptions;
 pub mod tasks;
 pub mod wire;
 
@@ -30,9 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Request};
-use http_body_util::{Either, Full};
-use hyper::body::Incoming;
+use http::HeaderMap;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
@@ -40,13 +38,13 @@ use tokio::sync::{mpsc, watch};
 use crate::config::Config;
 pub use crate::config::{Discover, ModernConfig};
 use crate::domain::Facade;
-use crate::facade::{read_client_body, Caller, Ctx, Resp};
+use crate::facade::http::{plain, sse_response, Caller, Resp};
 use crate::log::Log;
 use crate::metrics::Metrics;
 use crate::stream::SseBody;
-use listen::{Filter, Hub};
 use mrtr::{Binding, Mrtr, Pending};
 use pool::{Pool, PoolSettings, UpCall, UpMsg, Who};
+use subscriptions::{Filter, Hub};
 use tasks::{TaskLimits, TaskMode, Tasks};
 use wire::{Inbound, Refusal};
 
@@ -76,17 +74,6 @@ const CACHEABLE: [&str; 5] = [
     "resources/templates/list",
     "resources/read",
 ];
-
-/// The body of a request handed back to the sessionful face: untouched, or already read.
-pub type LegacyBody = Either<Incoming, Full<Bytes>>;
-
-/// Which era serves a POST.
-pub enum Era {
-    /// Served here.
-    Modern(Resp),
-    /// For the sessionful face, with its body.
-    Legacy(Request<LegacyBody>),
-}
 
 /// The state of the face.
 pub struct Modern {
@@ -195,69 +182,10 @@ async fn release_parked(p: mrtr::Parked) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points (the hooks in the Streamable HTTP face)
-
-/// `GET`/`DELETE` of a 2026-07-28 client: 405 (the modern face is POST-only). Without a modern
-/// `MCP-Protocol-Version` they stay the sessionful face's.
-pub fn refuse_get_delete(h: &HeaderMap) -> Option<Resp> {
-    let v = h.get("mcp-protocol-version")?.to_str().ok()?.trim();
-    if v != MODERN_VERSION {
-        return None;
-    }
-    let mut r = crate::facade::plain(
-        405,
-        "text/plain",
-        "Method Not Allowed: protocol version 2026-07-28 is served by POST only",
-    );
-    r.headers_mut()
-        .insert(header::ALLOW, HeaderValue::from_static("POST"));
-    Some(r)
-}
-
-/// Chooses the era of a POST to `/mcp` and serves it when it is modern.
-///
-/// A POST with `Mcp-Session-Id` and a 2025 `MCP-Protocol-Version` (or none) goes to the sessionful
-/// face without its body being read here. Any other body is read (same limits as there) and
-/// classified: a `params._meta` protocol-version claim, or `MCP-Protocol-Version: 2026-07-28`,
-/// makes it modern.
-pub async fn select(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Era {
-    let h = req.headers();
-    let hv = h
-        .get("mcp-protocol-version")
-        .map(|v| v.to_str().unwrap_or("\u{fffd}").trim().to_string());
-    let legacy_header = hv
-        .as_deref()
-        .is_none_or(|v| crate::facade::streamable::SUPPORTED_VERSIONS.contains(&v));
-    if legacy_header && h.contains_key("mcp-session-id") {
-        return Era::Legacy(req.map(Either::Left));
-    }
-    let (parts, body) = req.into_parts();
-    let body = match read_client_body(ctx, body).await {
-        Ok(b) => b,
-        Err(r) => return Era::Modern(*r),
-    };
-    // A scan of borrowed members, not a tree: the era is chosen before anything is built.
-    let probed = wire::probe(&body);
-    // Without a claim only the modern version's header makes a request modern; an unknown
-    // version without one gets the sessionful face's own 400 (which lists what it serves).
-    if !probed.claims && hv.as_deref() != Some(MODERN_VERSION) {
-        return Era::Legacy(Request::from_parts(parts, Either::Right(Full::new(body))));
-    }
-    if let Some(r) = wire::media_refusal(&parts.headers) {
-        return Era::Modern(refusal_resp(&probed.id.unwrap_or(Value::Null), r));
-    }
-    Era::Modern(
-        ctx.modern
-            .post(caller, &parts.headers, hv.as_deref(), &body)
-            .await,
-    )
-}
-
-// ---------------------------------------------------------------------------------------------
 // Responses
 
 fn json_resp(status: u16, body: &Value) -> Resp {
-    crate::facade::plain(status, "application/json", body.to_string())
+    plain(status, "application/json", body.to_string())
 }
 
 /// A JSON-RPC error answer.
@@ -277,14 +205,14 @@ fn result_msg(id: &Value, result: Value) -> Value {
     json!({"jsonrpc": "2.0", "id": id, "result": result})
 }
 
-fn refusal_resp(id: &Value, r: Refusal) -> Resp {
+pub(crate) fn refusal_resp(id: &Value, r: Refusal) -> Resp {
     rpc_error(r.status, id, r.code, &r.message, r.data)
 }
 
 /// An SSE response whose events come from `rx` (no event ids, no retry).
 fn sse(rx: mpsc::Receiver<Bytes>, metrics: &Metrics) -> Resp {
     let gauge = metrics.client_streams(Facade::Streamable);
-    crate::facade::sse_response(SseBody::from_channel(rx, gauge), None)
+    sse_response(SseBody::from_channel(rx, gauge), None)
 }
 
 const KEEPALIVE: &[u8] = b": keepalive\n\n";
@@ -435,7 +363,7 @@ enum Ended {
 
 impl Modern {
     /// Serves one modern POST: the validation ladder, then the method.
-    async fn post(
+    pub(crate) async fn post(
         self: &Arc<Self>,
         caller: &Caller,
         h: &HeaderMap,
@@ -451,7 +379,7 @@ impl Modern {
                         self.hub.close(&Who::of(caller.identity, caller.peer), &rid);
                     }
                 }
-                return crate::facade::plain(202, "text/plain", Bytes::new());
+                return plain(202, "text/plain", Bytes::new());
             }
             Err((id, r)) => return refusal_resp(&id, r),
         };
@@ -629,7 +557,7 @@ impl Modern {
             return match self.drive(call, &inb, None, &binding, task_after).await {
                 Ended::Answer(v) => json_resp(200, &v),
                 Ended::Refused(r) => refusal_resp(&inb.id, r),
-                Ended::Gone => crate::facade::plain(499, "text/plain", Bytes::new()),
+                Ended::Gone => plain(499, "text/plain", Bytes::new()),
             };
         }
         let (tx, rx) = mpsc::channel(STREAM_FRAMES);
@@ -641,7 +569,8 @@ impl Modern {
                 Ended::Refused(r) => error_msg(&inb.id, r.code, &r.message, r.data),
                 Ended::Gone => return,
             };
-            let _ = tokio::time::timeout(LAST_FRAME_WAIT, tx.send(listen::frame(&last))).await;
+            let _ =
+                tokio::time::timeout(LAST_FRAME_WAIT, tx.send(subscriptions::frame(&last))).await;
         });
         sse(rx, &self.metrics)
     }
@@ -737,7 +666,7 @@ impl Modern {
                         if let (Some(tok), Some(o)) = (&inb.progress, p.as_object_mut()) {
                             o.insert("progressToken".into(), tok.clone());
                             let n = json!({"jsonrpc": "2.0", "method": "notifications/progress", "params": p});
-                            if let Some(stop) = emit(listen::frame(&n)).await {
+                            if let Some(stop) = emit(subscriptions::frame(&n)).await {
                                 return self.stopped(stop, inb);
                             }
                         }
@@ -747,7 +676,7 @@ impl Modern {
                         if let (Some(want), Some(got)) = (inb.log_level, lvl) {
                             if got >= want {
                                 let n = json!({"jsonrpc": "2.0", "method": "notifications/message", "params": p});
-                                if let Some(stop) = emit(listen::frame(&n)).await {
+                                if let Some(stop) = emit(subscriptions::frame(&n)).await {
                                     return self.stopped(stop, inb);
                                 }
                             }
@@ -961,7 +890,7 @@ impl Modern {
             let started = tokio::time::Instant::now();
             let mut keepalive = tokio::time::interval_at(started + me.keepalive, me.keepalive);
             let ended = async {
-                if tx.send(listen::ack(&filter, &sub_id)).await.is_err() {
+                if tx.send(subscriptions::ack(&filter, &sub_id)).await.is_err() {
                     return None;
                 }
                 let end_at = started + lifetime;
@@ -972,8 +901,8 @@ impl Modern {
                     async move {
                         tokio::select! {
                             r = tx.send(b) => r.is_ok().then_some(()).ok_or(None),
-                            _ = tokio::time::sleep_until(end_at) => Err(Some(listen::Closed::Ended)),
-                            _ = draining(&mut drain) => Err(Some(listen::Closed::Ended)),
+                            _ = tokio::time::sleep_until(end_at) => Err(Some(subscriptions::Closed::Ended)),
+                            _ = draining(&mut drain) => Err(Some(subscriptions::Closed::Ended)),
                         }
                     }
                 };
@@ -989,17 +918,19 @@ impl Modern {
                             }
                         }
                         _ = tx.closed() => return None,
-                        _ = draining(&mut drain) => return Some(listen::Closed::Ended),
+                        _ = draining(&mut drain) => return Some(subscriptions::Closed::Ended),
                         // `modern.listen_max_secs`: a graceful end; the client listens again.
                         _ = tokio::time::sleep_until(started + lifetime) => {
-                            return Some(listen::Closed::Ended);
+                            return Some(subscriptions::Closed::Ended);
                         }
                     }
                 }
             };
             let last = match ended.await {
-                Some(listen::Closed::Ended) => Some(listen::end(&sub_id, server_info.as_ref())),
-                Some(listen::Closed::FellBehind) => Some(listen::frame(&error_msg(
+                Some(subscriptions::Closed::Ended) => {
+                    Some(subscriptions::end(&sub_id, server_info.as_ref()))
+                }
+                Some(subscriptions::Closed::FellBehind) => Some(subscriptions::frame(&error_msg(
                     &sub_id,
                     crate::jsonrpc::INTERNAL_ERROR,
                     "listen ended: its reader fell behind the notifications queued for it",
@@ -1137,21 +1068,5 @@ mod tests {
         );
         let r = finish_result(json!({"content": []}), "tools/call", None, 5);
         assert_eq!(r, json!({"content": [], "resultType": "complete"}));
-    }
-
-    #[test]
-    fn modern_get_and_delete_are_405() {
-        let mut h = HeaderMap::new();
-        assert!(refuse_get_delete(&h).is_none());
-        h.insert(
-            "mcp-protocol-version",
-            HeaderValue::from_static("2025-11-25"),
-        );
-        assert!(refuse_get_delete(&h).is_none());
-        h.insert(
-            "mcp-protocol-version",
-            HeaderValue::from_static("2026-07-28"),
-        );
-        assert_eq!(refuse_get_delete(&h).unwrap().status(), 405);
     }
 }

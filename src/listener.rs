@@ -1,4 +1,5 @@
-//! [1] Client → proxy: the accept loop, the connection limit, and the router to the faces.
+//! [1] Client → proxy: the accept loop and the connection limit (the router to the faces is
+//! [`crate::facade::router`]).
 //! The admin listener uses the same loop with its own router.
 
 use std::convert::Infallible;
@@ -15,26 +16,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::facade::{legacy, plain, ClientCert, Ctx, PeerAddr, ProxyBody, Resp};
+use crate::facade::http::{ClientCert, PeerAddr, ProxyBody};
 use crate::tls::ServerTls;
-
-/// Routes one client request to its face.
-pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
-    if let Err(r) = ctx.gate(&req) {
-        return *r;
-    }
-    let path = req.uri().path();
-    let cfg = &ctx.cfg;
-    if path == cfg.legacy.sse_path {
-        legacy::sse(&ctx, req).await
-    } else if path == cfg.legacy.message_path {
-        legacy::message(&ctx, req).await
-    } else if path == cfg.streamable.path {
-        crate::facade::streamable::handle(&ctx, req).await
-    } else {
-        plain(404, "text/plain", "Not Found")
-    }
-}
 
 /// Accepts connections until `stop` turns true, serving each with `handler` — over TLS when
 /// `tls` is set (the handshake happens in the connection's own task, under a timeout, so a slow

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use super::mrtr::Responses;
 use super::pool::{PoolKey, Who};
 use super::{level_rank, MODERN_VERSION, SERVED_VERSIONS, TASKS_EXT};
-use crate::facade::Caller;
+use crate::facade::http::Caller;
 use crate::identity::Identity;
 use crate::session::Owner;
 
