@@ -2136,6 +2136,16 @@ mod tests {
             .collect()
     }
 
+    /// The client deletes session `id`: its end, then its remove, each in a turn of its own.
+    async fn delete(sim: &mut Sim, id: SessionId) {
+        let log = log_of(sim, id).unwrap();
+        sim.push_end(&log, EndReason::ClientDelete, Vec::new());
+        sim.turn().await;
+        let (done, _rx) = oneshot::channel();
+        sim.ops.push(Op::Remove { session: id, done });
+        sim.turn().await;
+    }
+
     async fn restart(sim: &mut Sim, loss: Loss) {
         sim.stop_process();
         sim.fs.power_loss_with(loss);
@@ -3072,12 +3082,7 @@ mod tests {
                 }
                 sim.turn().await;
             }
-            let lb = log_of(&sim, b).unwrap();
-            sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
-            sim.turn().await;
-            let (done, _rx) = oneshot::channel();
-            sim.ops.push(Op::Remove { session: b, done });
-            sim.turn().await;
+            delete(&mut sim, b).await;
             // Small segments from here on: the next start rotates, and segment 1 is the oldest.
             sim.stop_process();
             sim.seg_size = 16 << 10;
@@ -3255,12 +3260,7 @@ mod tests {
                 send(&mut sim, b, &format!("b-{i}-{}", "y".repeat(1000)));
                 sim.turn().await;
             }
-            let lb = log_of(&sim, b).unwrap();
-            sim.push_end(&lb, EndReason::ClientDelete, Vec::new());
-            sim.turn().await;
-            let (done, _rx) = oneshot::channel();
-            sim.ops.push(Op::Remove { session: b, done });
-            sim.turn().await;
+            delete(&mut sim, b).await;
             // Half of every segment is dead: compaction starts, one 4 KiB slice a turn.
             sim.turn().await;
             let seg1 = super::super::segment::file_name(1);
