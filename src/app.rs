@@ -14,13 +14,15 @@ use tokio::task::JoinHandle;
 use crate::admin::Admin;
 use crate::config::Config;
 use crate::domain::EndReason;
-use crate::facade::Ctx;
+use crate::facade::modern::Modern;
+use crate::facade::{Ctx, FaceConfig};
 use crate::listener;
 use crate::log::{Health, Log, Recovery};
 use crate::metrics::Metrics;
 use crate::session::Registry;
 use crate::shutdown::Drain;
 use crate::stream::StreamEnv;
+use crate::upstream::UpstreamSettings;
 
 // `config` is a leaf: it keeps its own copy of the log's event bound, held equal here.
 const _: () = assert!(crate::config::MAX_EVENT_BYTES == crate::log::MAX_EVENT_BYTES);
@@ -119,7 +121,6 @@ async fn bind(what: &'static str, addr: &str) -> Result<TcpListener, StartError>
 /// # Errors
 /// [`StartError`] when a listener cannot be bound or the log cannot be opened.
 pub async fn start(cfg: Config) -> Result<Running, StartError> {
-    let cfg = Arc::new(cfg);
     let metrics = Metrics::new();
     let ready = Arc::new(AtomicBool::new(false));
     let (stop, stop_rx) = watch::channel(false);
@@ -154,22 +155,38 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
 
     let listener = bind("client listener", &cfg.listen.addr).await?;
     let addr = listener.local_addr().expect("bound");
-    let registry = Registry::new(cfg.clone(), log.clone(), metrics.clone());
+    let upstream = UpstreamSettings::from_config(&cfg.upstream);
+    let registry = Registry::new(
+        cfg.sessions.clone(),
+        upstream.clone(),
+        log.clone(),
+        metrics.clone(),
+    );
     // The sessions the previous run left live are ended before anyone can resume them.
     registry.end_interrupted(interrupted).await;
     tokio::spawn(registry.clone().watch_store_failures());
     let drain = Drain::new();
-    let ctx = Arc::new(Ctx::new(
-        cfg.clone(),
-        registry.clone(),
-        StreamEnv {
-            log: log.clone(),
-            metrics: metrics.clone(),
-            keepalive: cfg.keepalive(),
-            drain: drain.watch(),
-        },
-    ));
-    let modern_janitor = tokio::spawn(ctx.modern.clone().janitor(stop_rx.clone()));
+    let env = StreamEnv {
+        log: log.clone(),
+        metrics: metrics.clone(),
+        keepalive: cfg.sessions.keepalive(),
+        drain: drain.watch(),
+    };
+    let modern = Modern::new(
+        cfg.modern.clone(),
+        cfg.tasks.clone(),
+        cfg.sessions.max_sessions,
+        upstream,
+        &env,
+    );
+    let modern_janitor = tokio::spawn(modern.clone().janitor(stop_rx.clone()));
+    let faces = FaceConfig {
+        listen: cfg.listen.clone(),
+        legacy: cfg.legacy.clone(),
+        streamable: cfg.streamable.clone(),
+        auth: cfg.auth.clone(),
+    };
+    let ctx = Arc::new(Ctx::new(faces, registry.clone(), env, modern));
     // Checked by the config's validation; a file that broke since is an error to start with.
     let tls = crate::tls::ServerTls::load(&cfg.tls).map_err(StartError::Tls)?;
     if let Some(t) = &tls {
@@ -179,7 +196,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         listener,
         cfg.listen.max_connections,
         tls.clone(),
-        move |req| crate::facade::router::route(ctx.clone(), req),
+        move |req| crate::facade::mcp::route(ctx.clone(), req),
         stop_rx.clone(),
     ));
     let janitor = tokio::spawn(registry.clone().janitor(stop_rx));

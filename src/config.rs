@@ -652,27 +652,32 @@ impl Config {
         positive("tasks.poll_interval_ms", self.tasks.poll_interval_ms)?;
         Ok(self)
     }
+}
 
+impl UpstreamConfig {
     /// The upstream SSE URL, parsed (validated by [`Config::validate`]).
-    pub fn upstream_url(&self) -> HttpUrl {
-        HttpUrl::parse(&self.upstream.sse_url).expect("validated upstream.sse_url")
-    }
-
-    /// Keepalive period.
-    pub fn keepalive(&self) -> Duration {
-        Duration::from_secs(self.sessions.keepalive_secs)
-    }
-
-    /// How long a request body may take to arrive (`listen.body_timeout_secs`).
-    pub fn body_timeout(&self) -> Duration {
-        Duration::from_secs(self.listen.body_timeout_secs)
+    pub fn url(&self) -> HttpUrl {
+        HttpUrl::parse(&self.sse_url).expect("validated upstream.sse_url")
     }
 
     /// How long a forwarded request may stay unanswered (`upstream.request_timeout_secs`); `None`
     /// when there is no limit.
     pub fn request_timeout(&self) -> Option<Duration> {
-        (self.upstream.request_timeout_secs > 0)
-            .then(|| Duration::from_secs(self.upstream.request_timeout_secs))
+        (self.request_timeout_secs > 0).then(|| Duration::from_secs(self.request_timeout_secs))
+    }
+}
+
+impl ListenConfig {
+    /// How long a request body may take to arrive (`listen.body_timeout_secs`).
+    pub fn body_timeout(&self) -> Duration {
+        Duration::from_secs(self.body_timeout_secs)
+    }
+}
+
+impl SessionsConfig {
+    /// Keepalive period (`sessions.keepalive_secs`).
+    pub fn keepalive(&self) -> Duration {
+        Duration::from_secs(self.keepalive_secs)
     }
 }
 
@@ -914,7 +919,7 @@ mod tests {
         assert_eq!(c.sessions.keepalive_secs, 15);
         assert_eq!(c.listen.body_timeout_secs, 30);
         assert_eq!(c.upstream.request_timeout_secs, 0);
-        assert_eq!(c.request_timeout(), None);
+        assert_eq!(c.upstream.request_timeout(), None);
     }
 
     #[test]
@@ -1012,15 +1017,15 @@ mod tests {
         let c = Config::from_toml("[upstream]\nrequest_timeout_secs = 0\n")
             .and_then(Config::validate)
             .unwrap();
-        assert_eq!(c.request_timeout(), None);
+        assert_eq!(c.upstream.request_timeout(), None);
         let c = Config::from_toml("[upstream]\nrequest_timeout_secs = 20\n")
             .and_then(Config::validate)
             .unwrap();
-        assert_eq!(c.request_timeout(), Some(Duration::from_secs(20)));
+        assert_eq!(c.upstream.request_timeout(), Some(Duration::from_secs(20)));
         let c = Config::from_toml("[listen]\nbody_timeout_secs = 5\n")
             .and_then(Config::validate)
             .unwrap();
-        assert_eq!(c.body_timeout(), Duration::from_secs(5));
+        assert_eq!(c.listen.body_timeout(), Duration::from_secs(5));
     }
 
     #[test]

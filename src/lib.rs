@@ -13,7 +13,7 @@
 //! ```
 //!
 //! - [`listener`]: the TCP/TLS listener: accept loop, connection limit.
-//! - [`facade`]: three sibling faces behind one router (`facade/router.rs`: by path, then per
+//! - [`facade`]: three sibling faces behind one router (`facade/mcp.rs`: by path, then per
 //!   request the era on `/mcp`) over a leaf of shared HTTP helpers (`facade/http.rs`: caller,
 //!   bodies, responses, refusals): the legacy HTTP+SSE face (`facade/legacy.rs`), the sessionful
 //!   Streamable HTTP face (`facade/streamable.rs`, with `facade/resume.rs`), and the 2026-07-28
@@ -21,11 +21,20 @@
 //! - [`session`]: session id → live session: upstream link, in-flight requests, attached streams.
 //! - [`upstream`]: the proxy-owned upstream SSE stream and POST forwarding.
 //! - [`log`]: the event log (segment files of checksummed records), its writer thread, ids and
-//!   the contiguity check.
+//!   the contiguity check; inside, leaves first: the events (`log/event.rs`), records, segments
+//!   and the scan of them (`image.rs`), the state the handle and the writer share (`store.rs`),
+//!   the writer, and the handle (`log/mod.rs`) on top.
 //! - [`stream`]: a client stream as a cursor over the log.
 //! - [`modern`] (in [2], `facade/modern/`): the stateless MCP 2026-07-28 face, chosen per request
 //!   by the router: a pool of proxy-opened upstream sessions partitioned by caller, MRTR,
-//!   `Mcp-Param-*` checks, `subscriptions/listen`, and tasks kept in [5].
+//!   `Mcp-Param-*` checks, `subscriptions/listen`, and tasks kept in [5]; its parts share two
+//!   leaves (`protocol.rs`: versions and keys; `who.rs`: who a caller is) and never name
+//!   `modern/mod.rs`, which wires them.
+//!
+//! Components take their own config sections (the registry `[sessions]`, the upstream link
+//! `[upstream]`, the faces `[listen]`, `[legacy]`, `[streamable]`, `[auth]`, the 2026-07-28 face
+//! `[modern]` and `[tasks]`, the log `[log]`), never the whole [`config::Config`]; [`app`] hands
+//! them out. `scripts/module-cycles` checks that no file module imports one that imports it back.
 //!
 //! Around it: [`domain`] (the vocabulary the others share), [`config`] (every section, the
 //! 2026-07-28 face's and `[auth]` included: it imports no component, only the leaves [`tls`] and

@@ -1,5 +1,5 @@
 //! [1] Client → proxy: the accept loop and the connection limit (the router to the faces is
-//! [`crate::facade::router`]).
+//! [`crate::facade::mcp`]).
 //! The admin listener uses the same loop with its own router.
 
 use std::convert::Infallible;

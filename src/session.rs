@@ -16,7 +16,7 @@ use bytes::Bytes;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::config::Config;
+use crate::config::SessionsConfig;
 use crate::domain::{EndReason, Facade};
 use crate::echo;
 use crate::error::{Error, Result, StoreError};
@@ -240,7 +240,7 @@ impl Session {
                 let mut st = self.lock();
                 st.next_serial += 1;
                 let serial = st.next_serial;
-                let timer = reg.cfg.request_timeout().map(|after| {
+                let timer = reg.upstream.request_timeout.map(|after| {
                     self.time_out_after(reg.log.clone(), reg.metrics.clone(), id, serial, after)
                 });
                 st.inflight.insert(
@@ -573,7 +573,7 @@ pub struct Registry {
     pub log: Arc<Log>,
     /// Metrics.
     pub metrics: Metrics,
-    cfg: Arc<Config>,
+    cfg: SessionsConfig,
     upstream: UpstreamSettings,
     client: HttpClient,
     live: Mutex<HashMap<SessionId, Arc<Session>>>,
@@ -644,16 +644,20 @@ impl std::fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// A registry over `log`.
-    pub fn new(cfg: Arc<Config>, log: Arc<Log>, metrics: Metrics) -> Arc<Self> {
-        let upstream = UpstreamSettings::from_config(&cfg);
+    /// A registry over `log`, with the limits of `[sessions]`, opening sessions on `upstream`.
+    pub fn new(
+        cfg: SessionsConfig,
+        upstream: UpstreamSettings,
+        log: Arc<Log>,
+        metrics: Metrics,
+    ) -> Arc<Self> {
         let client = upstream::client(&upstream);
         Self::with_client(cfg, log, metrics, upstream, client)
     }
 
     /// A registry whose upstream connections go through `client` (unit tests: in memory).
     fn with_client(
-        cfg: Arc<Config>,
+        cfg: SessionsConfig,
         log: Arc<Log>,
         metrics: Metrics,
         upstream: UpstreamSettings,
@@ -669,11 +673,6 @@ impl Registry {
             opening: AtomicUsize::new(0),
             opening_owners: Mutex::new(HashMap::new()),
         })
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &Config {
-        &self.cfg
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<Session>>> {
@@ -782,7 +781,7 @@ impl Registry {
         // New sessions are admitted while the log holds at most 90% of its bound, so the ones
         // already live keep their retained history (the log trims live sessions only to hold the
         // bound itself). Ended sessions' logs are evicted first to make that room.
-        let max_total = self.cfg.log.max_total_bytes;
+        let max_total = self.log.max_total_bytes();
         let admit = max_total - max_total / 10;
         if self.log.total_bytes() > admit {
             let held = self.log.make_room(admit).await?;
@@ -792,8 +791,8 @@ impl Registry {
                 )));
             }
         }
-        let max = self.cfg.sessions.max_sessions;
-        let per_owner = self.cfg.sessions.max_per_identity;
+        let max = self.cfg.max_sessions;
+        let per_owner = self.cfg.max_per_identity;
         let victim = {
             // Counting and taking under one lock: concurrent opens cannot all see the last slot.
             let mut live = self.lock();
@@ -957,9 +956,9 @@ impl Registry {
 
     /// One round of housekeeping (see [`Registry::janitor`]).
     pub(crate) async fn sweep(&self) {
-        let idle_ttl = Duration::from_secs(self.cfg.sessions.idle_ttl_secs);
-        let unused_ttl = Duration::from_secs(self.cfg.sessions.unused_ttl_secs);
-        let retain = self.cfg.sessions.retain_ended_secs;
+        let idle_ttl = Duration::from_secs(self.cfg.idle_ttl_secs);
+        let unused_ttl = Duration::from_secs(self.cfg.unused_ttl_secs);
+        let retain = self.cfg.retain_ended_secs;
         let idle: Vec<_> = self
             .lock()
             .values()

@@ -25,7 +25,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 
-use crate::config::{origin_of, Config, HttpUrl};
+use crate::config::{origin_of, HttpUrl, UpstreamConfig};
 use crate::sse;
 
 /// Why the upstream link failed. The messages say what happened, never what the upstream said:
@@ -237,24 +237,26 @@ pub struct UpstreamSettings {
     pub allowed_endpoint_origins: Vec<String>,
     /// TLS client config for `https://`.
     pub tls: Arc<rustls::ClientConfig>,
+    /// How long a forwarded request may stay unanswered (`None`: no limit).
+    pub request_timeout: Option<Duration>,
 }
 
 impl UpstreamSettings {
-    /// From the validated config.
-    pub fn from_config(cfg: &Config) -> Self {
+    /// From the validated `[upstream]` section.
+    pub fn from_config(cfg: &UpstreamConfig) -> Self {
         Self {
-            sse_url: cfg.upstream_url(),
-            post_timeout: Duration::from_secs(cfg.upstream.post_timeout_secs),
-            connect_timeout: Duration::from_secs(cfg.upstream.connect_timeout_secs),
-            max_event_bytes: cfg.upstream.max_event_bytes,
+            sse_url: cfg.url(),
+            post_timeout: Duration::from_secs(cfg.post_timeout_secs),
+            connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
+            max_event_bytes: cfg.max_event_bytes,
+            request_timeout: cfg.request_timeout(),
             allowed_endpoint_origins: cfg
-                .upstream
                 .allowed_endpoint_origins
                 .iter()
                 .filter_map(|o| crate::config::parse_origin(o).ok())
                 .collect(),
             tls: Arc::new(
-                crate::tls::upstream_client(cfg.upstream.ca_file.as_deref())
+                crate::tls::upstream_client(cfg.ca_file.as_deref())
                     .unwrap_or_else(|_| crate::tls::no_roots_client()),
             ),
         }

@@ -1,13 +1,13 @@
 //! [2] The client faces, three siblings: legacy HTTP+SSE ([`legacy`]), sessionful Streamable HTTP
 //! ([`streamable`], resuming through [`resume`]) and the stateless 2026-07-28 face ([`modern`]).
-//! [`router`] picks one per request; [`http`] is the leaf they share (caller, bodies, responses,
+//! [`mcp`], the router, picks one per request; [`http`] is the leaf they share (caller, bodies, responses,
 //! refusals). This file holds what every handler is given: [`Ctx`].
 
 pub mod http;
 pub mod legacy;
+pub mod mcp;
 pub mod modern;
 pub mod resume;
-pub mod router;
 pub mod streamable;
 
 use std::sync::Arc;
@@ -16,7 +16,7 @@ use ::http::{header, HeaderValue};
 use bytes::Bytes;
 use http_body::Body;
 
-use crate::config::Config;
+use crate::config::{AuthConfig, LegacyConfig, ListenConfig, StreamableConfig};
 use crate::domain::Facade;
 use crate::echo;
 use crate::error::Error;
@@ -28,10 +28,23 @@ use http::{
     ClientCert, PeerAddr, Resp, MAX_BODY,
 };
 
+/// The config sections the faces read.
+#[derive(Clone, Debug)]
+pub struct FaceConfig {
+    /// `[listen]`: bodies, origins, hosts.
+    pub listen: ListenConfig,
+    /// `[legacy]`: the legacy face's paths.
+    pub legacy: LegacyConfig,
+    /// `[streamable]`: the Streamable HTTP path (shared with the 2026-07-28 face).
+    pub streamable: StreamableConfig,
+    /// `[auth]`: who a caller is.
+    pub auth: AuthConfig,
+}
+
 /// What every handler needs.
 pub struct Ctx {
-    /// The configuration.
-    pub cfg: Arc<Config>,
+    /// The faces' config sections.
+    pub cfg: FaceConfig,
     /// Sessions.
     pub reg: Arc<Registry>,
     /// Client stream environment.
@@ -49,8 +62,14 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    /// The handlers' context.
-    pub fn new(cfg: Arc<Config>, reg: Arc<Registry>, env: StreamEnv) -> Self {
+    /// The handlers' context: the faces of `cfg` over the sessions of `reg` and the 2026-07-28
+    /// face `modern`.
+    pub fn new(
+        cfg: FaceConfig,
+        reg: Arc<Registry>,
+        env: StreamEnv,
+        modern: Arc<modern::Modern>,
+    ) -> Self {
         let origins = cfg
             .listen
             .allowed_origins
@@ -64,12 +83,6 @@ impl Ctx {
             .iter()
             .map(|h| h.to_ascii_lowercase())
             .collect();
-        let modern = modern::Modern::new(
-            cfg.clone(),
-            reg.log.clone(),
-            reg.metrics.clone(),
-            env.drain.clone(),
-        );
         let jwt = cfg
             .auth
             .jwt_rules()
@@ -234,7 +247,7 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    read_body(body, MAX_BODY, ctx.cfg.body_timeout(), &ctx.bodies)
+    read_body(body, MAX_BODY, ctx.cfg.listen.body_timeout(), &ctx.bodies)
         .await
         .map_err(|e| Box::new(e.response()))
 }

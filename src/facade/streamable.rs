@@ -216,7 +216,7 @@ fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
     Ok((msgs, true))
 }
 
-/// `POST`: the era is the router's choice ([`super::router::mcp`]); this is the sessionful one.
+/// `POST`: the era is the router's choice ([`super::mcp::endpoint`]); this is the sessionful one.
 pub async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<LegacyBody>) -> Resp {
     let h = req.headers();
     if !accepts(h, "application/json") || !accepts(h, "text/event-stream") {

@@ -15,10 +15,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::cursor::SessionId;
+use super::event::{Event, SessionMeta, StreamTag};
 use super::io::{Dir, OsDir};
 use super::record::{self, Type};
 use super::segment::{self, Segment};
-use super::{Event, SessionMeta, StreamTag};
 use crate::error::StoreError;
 
 /// Highest seq the log takes from disk: far beyond any real head, with room for recovery to count
@@ -500,7 +500,7 @@ mod tests {
     use super::*;
     use crate::domain::Facade;
     use crate::log::cursor::EpochRange;
-    use crate::log::{Kind, StreamTag};
+    use crate::log::event::{Kind, StreamTag};
 
     fn meta_json(epochs: Vec<EpochRange>) -> Vec<u8> {
         serde_json::to_vec(&SessionMeta {

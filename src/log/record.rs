@@ -36,7 +36,7 @@
 use bytes::Bytes;
 
 use super::cursor::SessionId;
-use super::{Event, Kind, StreamTag};
+use super::event::{Event, Kind, StreamTag};
 
 /// First bytes of every segment file.
 pub const MAGIC: &[u8; 7] = b"MCPRLOG";

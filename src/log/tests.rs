@@ -4,8 +4,9 @@
 //! test; the integration tests fill and break a real tmpfs.
 
 use super::*;
-use crate::config::LogConfig;
+use crate::config::{Durability, LogConfig};
 use crate::log::cursor::{check_resume, Cursor, Refusal};
+use bytes::Bytes;
 use std::io::ErrorKind;
 
 fn cfg(dir: &std::path::Path, durability: Durability) -> LogConfig {

@@ -29,13 +29,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot};
 
+use super::event::{unix_now, Event, Kind, StreamTag};
 use super::image::{resync_from_start as resync, Image, Loc};
 use super::record::{self, ChunkBuilder, Type};
 use super::segment::{self, Segment};
-use super::{
-    unix_now, Ack, Chunk, Event, Health, Interrupted, Kind, Op, Recovery, SessionLog, Store,
-    StreamTag,
-};
+use super::store::{Ack, Chunk, Health, Interrupted, Op, Recovery, SessionLog, Store};
 use crate::config::Durability;
 use crate::domain::EndReason;
 use crate::error::StoreError;
@@ -47,9 +45,6 @@ pub(crate) const MAX_BATCH: usize = 1024;
 const CHUNK_EVENTS: u32 = 256;
 /// A chunk is closed once its encoding reaches this size (one large event may exceed it).
 const CHUNK_BYTES: usize = 64 * 1024;
-/// Bytes of old records compaction reads per turn at least, so that a turn's latency stays
-/// small; under load it reads twice what the previous turn wrote, so it keeps pace (§10b).
-pub(crate) const COMPACT_SLICE: usize = 1024 * 1024;
 /// How often a degraded log retries the ends it owes.
 const RETRY_EVERY: Duration = Duration::from_secs(1);
 /// Creates `name` holding `bytes` zeros, written (not sparse), so the space is really taken.

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use super::*;
-use crate::config::Durability;
+use crate::config::{Config, Durability};
 use crate::demo::upstream::{MemoryUpstream, UpstreamOptions};
 use crate::identity::{AuthConfig, Keyring};
 
@@ -28,14 +28,13 @@ async fn fixture(f: impl FnOnce(&mut Config)) -> Fx {
     cfg.log.durability = Durability::Relaxed;
     cfg.upstream.sse_url = "http://upstream.test/sse".into();
     f(&mut cfg);
-    let cfg = Arc::new(cfg);
     let metrics = Metrics::new();
     let (log, _, _) = Log::open(&cfg.log, metrics.clone()).await.unwrap();
     let up = MemoryUpstream::new(UpstreamOptions::default());
     let conn = up.clone();
     let client = upstream::memory_client(Arc::new(move |_| Ok(conn.connect())));
-    let settings = UpstreamSettings::from_config(&cfg);
-    let reg = Registry::with_client(cfg, log, metrics, settings, client);
+    let settings = UpstreamSettings::from_config(&cfg.upstream);
+    let reg = Registry::with_client(cfg.sessions, log, metrics, settings, client);
     Fx { reg, up, _dir: dir }
 }
 

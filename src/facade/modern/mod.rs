@@ -5,7 +5,7 @@
 //! capabilities) and the `MCP-Protocol-Version` / `Mcp-Method` / `Mcp-Name` headers. The era is
 //! chosen per request, body first: a request whose `params._meta` claims a protocol version is
 //! modern; `initialize` and anything else without a claim stays on the sessionful face
-//! ([`crate::facade::streamable`]), untouched. See [`crate::facade::router::select`].
+//! ([`crate::facade::streamable`]), untouched. See [`crate::facade::mcp::select`].
 //!
 //! - Validation ([`wire`]): JSON (`-32700`), shape (`-32600`), envelope (`-32602`), header
 //!   cross-check (`-32020`), version (`-32022` with `data.supported`), method registry (404
@@ -18,12 +18,15 @@
 //! - `server/discover` is answered from the upstream's `initialize` result ([`discover`]).
 //! - Upstream sampling / elicitation / roots requests become MRTR rounds ([`mrtr`]).
 //! - `subscriptions/listen` streams ([`subscriptions`]); the Tasks extension backed by the log ([`tasks`]).
+//! - Leaves every part names: the protocol's names ([`protocol`]) and who a caller is ([`who`]).
 
 pub mod mrtr;
 pub mod params;
 pub mod pool;
+pub mod protocol;
 pub mod subscriptions;
 pub mod tasks;
+pub mod who;
 pub mod wire;
 
 use std::sync::Arc;
@@ -35,27 +38,20 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::Config;
+use crate::config::TasksConfig;
 pub use crate::config::{Discover, ModernConfig};
 use crate::domain::Facade;
 use crate::facade::http::{plain, sse_response, Caller, Resp};
-use crate::log::Log;
 use crate::metrics::Metrics;
-use crate::stream::SseBody;
+use crate::stream::{SseBody, StreamEnv};
+use crate::upstream::UpstreamSettings;
 use mrtr::{Binding, Mrtr, Pending};
 use pool::{Pool, PoolSettings, UpCall, UpMsg, Who};
+use protocol::level_rank;
+pub use protocol::{MODERN_VERSION, SERVED_VERSIONS, SERVER_INFO, TASKS_EXT};
 use subscriptions::{Filter, Hub};
 use tasks::{TaskLimits, TaskMode, Tasks};
 use wire::{Inbound, Refusal};
-
-/// The protocol version this face speaks.
-pub const MODERN_VERSION: &str = "2026-07-28";
-/// Every version served on `/mcp`, the modern one first (`-32022`'s `data.supported`).
-pub const SERVED_VERSIONS: [&str; 4] = ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"];
-/// The tasks extension id.
-pub const TASKS_EXT: &str = "io.modelcontextprotocol/tasks";
-/// The `_meta` key of the server's identity on results.
-pub const SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
 
 /// Methods whose requests may carry MRTR rounds (and lease an upstream session exclusively).
 const MRTR_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
@@ -77,7 +73,9 @@ const CACHEABLE: [&str; 5] = [
 
 /// The state of the face.
 pub struct Modern {
-    cfg: Arc<Config>,
+    cfg: ModernConfig,
+    /// `upstream.request_timeout_secs` (`None`: no limit).
+    request_timeout: Option<Duration>,
     /// Upstream sessions.
     pub pool: Arc<Pool>,
     /// Listen streams.
@@ -100,46 +98,51 @@ impl std::fmt::Debug for Modern {
 }
 
 impl Modern {
-    /// The face over `log`; `drain` ends its streams.
+    /// The face of `[modern]` and `[tasks]` over the log of `env` (whose `drain` ends its
+    /// streams), opening upstream sessions on `up`; at most `max_tasks` tasks run at once
+    /// (`sessions.max_sessions`).
     pub fn new(
-        cfg: Arc<Config>,
-        log: Arc<Log>,
-        metrics: Metrics,
-        drain: watch::Receiver<bool>,
+        cfg: ModernConfig,
+        tasks: TasksConfig,
+        max_tasks: usize,
+        up: UpstreamSettings,
+        env: &StreamEnv,
     ) -> Arc<Self> {
+        let metrics = env.metrics.clone();
         let hub = Arc::new(Hub::new(
-            cfg.modern.max_per_identity,
+            cfg.max_per_identity,
             metrics.dropped_counter("slow_reader"),
         ));
         let set = PoolSettings {
-            max_sessions: cfg.modern.pool_max_sessions,
-            max_per_owner: cfg.modern.max_per_identity,
-            idle: Duration::from_secs(cfg.modern.pool_idle_secs),
-            wait: Duration::from_secs(cfg.modern.pool_wait_secs),
+            max_sessions: cfg.pool_max_sessions,
+            max_per_owner: cfg.max_per_identity,
+            idle: Duration::from_secs(cfg.pool_idle_secs),
+            wait: Duration::from_secs(cfg.pool_wait_secs),
         };
-        let up = crate::upstream::UpstreamSettings::from_config(&cfg);
+        let request_timeout = up.request_timeout;
         let pool = Pool::new(set, up, hub.clone(), metrics.pool_sessions.clone());
         let limits = TaskLimits {
-            max_running: cfg.sessions.max_sessions,
-            max_per_owner: cfg.modern.max_per_identity,
+            max_running: max_tasks,
+            max_per_owner: cfg.max_per_identity,
         };
         let tasks = Tasks::new(
-            cfg.tasks.clone(),
+            tasks,
             limits,
-            log,
+            env.log.clone(),
             hub.clone(),
             metrics.tasks.clone(),
         );
         Arc::new(Self {
-            mrtr: Mrtr::new(Duration::from_secs(cfg.modern.input_ttl_secs)),
-            keepalive: cfg.keepalive(),
+            mrtr: Mrtr::new(Duration::from_secs(cfg.input_ttl_secs)),
+            keepalive: env.keepalive,
+            request_timeout,
             cfg,
             pool,
             hub,
             tasks,
             params: params::HeaderParams::default(),
             metrics,
-            drain,
+            drain: env.drain.clone(),
         })
     }
 
@@ -301,22 +304,6 @@ fn upstream_unavailable(id: &Value, e: &crate::error::Error) -> Resp {
     )
 }
 
-fn level_rank(l: &str) -> Option<u8> {
-    [
-        "debug",
-        "info",
-        "notice",
-        "warning",
-        "error",
-        "critical",
-        "alert",
-        "emergency",
-    ]
-    .iter()
-    .position(|x| *x == l)
-    .map(|p| p as u8)
-}
-
 /// Completes when the proxy drains.
 async fn draining(drain: &mut watch::Receiver<bool>) {
     // The `Ref` is dropped here: it must not live across the caller's awaits.
@@ -400,7 +387,7 @@ impl Modern {
     }
 
     async fn discover(self: &Arc<Self>, inb: &Inbound) -> Resp {
-        if self.cfg.modern.discover == Discover::Resumable {
+        if self.cfg.discover == Discover::Resumable {
             return refusal_resp(&inb.id, Refusal::discover_resumable());
         }
         let init = match self.pool.latest_init() {
@@ -421,7 +408,7 @@ impl Modern {
             "supportedVersions": SERVED_VERSIONS,
             "capabilities": caps,
             "resultType": "complete",
-            "ttlMs": self.cfg.modern.cache_ttl_ms,
+            "ttlMs": self.cfg.cache_ttl_ms,
             "cacheScope": "private",
         });
         if let Some(i) = init.get("instructions").filter(|v| v.is_string()) {
@@ -624,12 +611,12 @@ impl Modern {
             .get()
             .and_then(|i| i.get("serverInfo"))
             .cloned();
-        let ttl = self.cfg.modern.cache_ttl_ms;
+        let ttl = self.cfg.cache_ttl_ms;
         let mut drain = self.drain.clone();
         let started = tokio::time::Instant::now();
         let mut keepalive = tokio::time::interval_at(started + self.keepalive, self.keepalive);
         // `upstream.request_timeout_secs`, per client request (a retry starts it anew).
-        let timeout_at = self.cfg.request_timeout().map(|d| started + d);
+        let timeout_at = self.request_timeout.map(|d| started + d);
         // A send to a client that stops reading waits — but never past the request's timeout or
         // the drain: those end the call while the send is pending too.
         let emit = |frame: Bytes| {
@@ -759,7 +746,7 @@ impl Modern {
         match why {
             Stop::Gone => Ended::Gone,
             Stop::TimedOut => {
-                let secs = self.cfg.upstream.request_timeout_secs;
+                let secs = self.request_timeout.map_or(0, |d| d.as_secs());
                 Ended::Answer(error_msg(
                     &inb.id,
                     crate::jsonrpc::REQUEST_TIMEOUT,
@@ -804,7 +791,7 @@ impl Modern {
     }
 
     fn too_many_listens(&self, id: &Value) -> Resp {
-        let max = self.cfg.modern.max_per_identity;
+        let max = self.cfg.max_per_identity;
         rpc_error(
             200,
             id,
@@ -883,7 +870,7 @@ impl Modern {
         let me = self.clone();
         let pinned = lease.pin();
         let uris = filter.resource_uris.clone();
-        let lifetime = Duration::from_secs(self.cfg.modern.listen_max_secs);
+        let lifetime = Duration::from_secs(self.cfg.listen_max_secs);
         tokio::spawn(async move {
             let registered = me.hub.guard(n);
             let mut drain = me.drain.clone();

@@ -20,7 +20,6 @@
 //! to the [`Hub`] of listen streams. Idle sessions close after `modern.pool_idle_secs`.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,8 +32,8 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 
 use super::subscriptions::Hub;
+pub use super::who::Who;
 use crate::error::{Error, Result};
-use crate::identity::Identity;
 use crate::session::Owner;
 use crate::upstream::{
     self, HttpClient, UpstreamItem, UpstreamLink, UpstreamReader, UpstreamSettings,
@@ -42,44 +41,6 @@ use crate::upstream::{
 
 /// The protocol version the proxy asks the upstream for (the newest the legacy face knows).
 pub const UPSTREAM_VERSION: &str = "2025-11-25";
-
-/// Who a 2026-07-28 request is from, as far as upstream state goes: its identity, or for an
-/// anonymous caller its address. Anonymous callers at different addresses never share an upstream
-/// session, nor each other's notifications, nor can one end the other's listens.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Who {
-    /// An identified caller.
-    Identity(Identity),
-    /// An anonymous caller, by peer address (`None`: in-process callers, tests).
-    Anonymous(Option<IpAddr>),
-}
-
-impl Who {
-    /// `identity`, or the anonymous caller at `peer`.
-    pub fn of(identity: Option<Identity>, peer: Option<IpAddr>) -> Self {
-        match identity {
-            Some(i) => Who::Identity(i),
-            None => Who::Anonymous(peer),
-        }
-    }
-
-    /// The identity, if any.
-    pub fn identity(&self) -> Option<&Identity> {
-        match self {
-            Who::Identity(i) => Some(i),
-            Who::Anonymous(_) => None,
-        }
-    }
-
-    /// The same caller (identities compared without an early exit).
-    pub fn same(&self, other: &Who) -> bool {
-        match (self, other) {
-            (Who::Identity(a), Who::Identity(b)) => a.matches(b),
-            (Who::Anonymous(a), Who::Anonymous(b)) => a == b,
-            _ => false,
-        }
-    }
-}
 
 /// What the pool is keyed by: who is asking, and what their client can do.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

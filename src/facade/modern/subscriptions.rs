@@ -19,7 +19,7 @@ use bytes::Bytes;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
-use super::pool::Who;
+use super::who::Who;
 use crate::identity::Identity;
 use crate::session::Owner;
 use crate::sse::encode;
@@ -346,7 +346,7 @@ pub fn end(sub_id: &Value, server_info: Option<&Value>) -> Bytes {
     let mut meta = Map::new();
     meta.insert(SUBSCRIPTION_ID.into(), sub_id.clone());
     if let Some(si) = server_info {
-        meta.insert(super::SERVER_INFO.into(), si.clone());
+        meta.insert(super::protocol::SERVER_INFO.into(), si.clone());
     }
     frame(
         &json!({"jsonrpc": "2.0", "id": sub_id, "result": {"resultType": "complete", "_meta": meta}}),

@@ -256,7 +256,7 @@ impl Tasks {
             .create(
                 id,
                 Facade::Task,
-                Some(super::MODERN_VERSION.into()),
+                Some(super::protocol::MODERN_VERSION.into()),
                 identity,
             )
             .await?;
@@ -317,7 +317,7 @@ impl Tasks {
         let r = result.as_object_mut().expect("object");
         r.insert("resultType".into(), json!("task"));
         if let Some(si) = server_info {
-            r.insert("_meta".into(), json!({super::SERVER_INFO: si}));
+            r.insert("_meta".into(), json!({super::protocol::SERVER_INFO: si}));
         }
         result
     }

@@ -16,8 +16,9 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::mrtr::Responses;
-use super::pool::{PoolKey, Who};
-use super::{level_rank, MODERN_VERSION, SERVED_VERSIONS, TASKS_EXT};
+use super::pool::PoolKey;
+use super::protocol::{level_rank, MODERN_VERSION, SERVED_VERSIONS, TASKS_EXT};
+use super::who::Who;
 use crate::facade::http::Caller;
 use crate::identity::Identity;
 use crate::session::Owner;

@@ -1,4 +1,4 @@
-//! [2] The router: picks the face of each client request — by path the legacy HTTP+SSE face
+//! [2] The router (of the MCP endpoint and the legacy paths): picks the face of each client request — by path the legacy HTTP+SSE face
 //! ([`legacy`]) or the MCP endpoint, and there, per request, the era: the stateless 2026-07-28
 //! face ([`modern`]) or the sessionful Streamable HTTP face ([`streamable`]).
 
@@ -25,14 +25,14 @@ pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
     } else if path == cfg.legacy.message_path {
         legacy::message(&ctx, req).await
     } else if path == cfg.streamable.path {
-        mcp(&ctx, req).await
+        endpoint(&ctx, req).await
     } else {
         plain(404, "text/plain", "Not Found")
     }
 }
 
 /// Serves one request to the MCP endpoint (`streamable.path`): picks the era of each request.
-pub async fn mcp(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+pub async fn endpoint(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     let caller = match ctx.caller(&req) {
         Ok(c) => c,
         Err(r) => return *r,
