@@ -31,6 +31,7 @@ pub mod event;
 pub mod image;
 pub mod io;
 pub mod record;
+pub mod redis;
 pub mod segment;
 #[cfg(test)]
 mod sim;

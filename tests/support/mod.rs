@@ -9,6 +9,7 @@
 #![allow(dead_code)]
 
 pub mod modern;
+pub mod redis;
 pub mod security;
 pub mod sse;
 pub mod streamable;

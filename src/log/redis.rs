@@ -1,0 +1,691 @@
+//! The shared log's storage on Redis (design.md §13): what `log.backend = "redis"` writes, and the
+//! only way it writes — fenced scripts.
+//!
+//! A session is four keys sharing the hash tag `{<session>}` (so a Redis Cluster keeps them on one
+//! node and a script may touch them all):
+//!
+//! | key | type | holds |
+//! |---|---|---|
+//! | `<prefix>:{s}:m` | hash | `owner`, `epoch`, `head`, `state` (`live` / `ended`), `ep` (the epoch table, JSON), `bt` (the last batch token), `meta` (face, identity, protocol: JSON), `end_reason`, `ended_unix` |
+//! | `<prefix>:{s}:ev` | stream | entry id `<seq>-0`; fields `e` epoch, `t` stream tag, `k` kind, `d` payload |
+//! | `<prefix>:{s}:in` | hash | request in flight (canonical id) → its stream tag |
+//! | `<prefix>:{s}:ab` | hash | request answered -32091 by a takeover → the seq of that answer |
+//!
+//! and a doorbell, the shard channel `<prefix>:{s}:m:n`, rung with `<epoch>:<head>` after every
+//! write: it only wakes readers, who read the stream (the truth), so a lost ring delays and never
+//! skips.
+//!
+//! **The fence.** Every write script first checks that the caller is the record's owner *at the
+//! current epoch* and that the session is live, and an append also that the head is the one the
+//! caller expects (compare-and-append): a stale owner — paused past its lease, or whose record
+//! Redis lost or rewound — gets [`Refused`] and must end the session loudly, never write around
+//! it. A takeover is the same compare on the dead owner and its epoch: it seals that epoch at the
+//! head, opens epoch + 1 with a -32091 for every request in flight and the end marker, and bumps
+//! the epoch, so no late write of the old owner can land.
+//!
+//! Reads ([`Shared::read`]) take the record and a page of the stream in one read-only script, so
+//! the resume check (§4: [`super::cursor::check_resume`] over [`Record::ranges`]) and the events it
+//! serves come from one snapshot, on whichever replica runs it.
+
+use bytes::Bytes;
+use redis::aio::ConnectionManager;
+use redis::{Script, Value};
+
+use super::cursor::{EpochRange, LogRanges, SessionId};
+use super::event::{Event, Kind, NewEvent, StreamTag};
+
+/// What a fenced write was refused for. Each means the caller must stop writing the session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// The record is gone (Redis lost it: restart without persistence, `FLUSHALL`, eviction).
+    NoSession,
+    /// Another owner or a later epoch holds it (a takeover happened): the record's epoch and head.
+    Fenced {
+        /// The record's epoch.
+        epoch: u32,
+        /// The record's head.
+        head: u64,
+    },
+    /// The session has ended: its epoch and head.
+    Ended {
+        /// The record's epoch.
+        epoch: u32,
+        /// The record's head.
+        head: u64,
+    },
+    /// The head is not the one expected: the record's head and the token of the batch that set
+    /// it (the caller's own token means its earlier write did land; any other, that Redis lost
+    /// or rewound what the caller wrote).
+    Head {
+        /// The record's head.
+        head: u64,
+        /// The batch token of the write that set it.
+        batch: String,
+    },
+}
+
+/// A Redis error, or an answer this module cannot read.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedError {
+    /// The connection or the command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// The server answered something the scripts never return.
+    #[error("redis answered an unexpected reply: {0}")]
+    Reply(String),
+}
+
+/// The result of a fenced write.
+pub type Written<T> = Result<Result<T, Refused>, SharedError>;
+
+/// Who writes a session: the owner's name (`<replica>/<incarnation>`) and the epoch it writes in
+/// (the fencing token; also the `{epoch}` of the event ids).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    /// The owner's name.
+    pub owner: String,
+    /// The epoch.
+    pub epoch: u32,
+}
+
+/// A session's record, as one read saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// Who owns it, at which epoch.
+    pub fence: Fence,
+    /// Its epochs, oldest retained seq and head: what resumes are checked against.
+    pub ranges: LogRanges,
+    /// `None` while live; the end reason once ended.
+    pub ended: Option<String>,
+    /// The session's meta (JSON, as written at creation).
+    pub meta: String,
+}
+
+/// A takeover's outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    /// The epoch the taker wrote the end in.
+    pub epoch: u32,
+    /// The head after the end marker.
+    pub head: u64,
+    /// Requests that were in flight, each answered -32091.
+    pub aborted: usize,
+}
+
+/// Redis's durability settings, as `CONFIG GET` reports them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Persistence {
+    /// `appendonly`.
+    pub appendonly: String,
+    /// `appendfsync`.
+    pub appendfsync: String,
+}
+
+impl Persistence {
+    /// The setting that keeps `durability = "fsync"` from holding on this server, if any: an
+    /// acknowledged write is on the server's disk only with `appendonly yes` and `appendfsync
+    /// always` (Redis then fsyncs before it replies).
+    pub fn fsync_refusal(&self) -> Option<String> {
+        if self.appendonly != "yes" {
+            return Some(format!(
+                "appendonly is {:?}; durability = \"fsync\" needs appendonly yes",
+                self.appendonly
+            ));
+        }
+        if self.appendfsync != "always" {
+            return Some(format!(
+                "appendfsync is {:?}; durability = \"fsync\" needs appendfsync always",
+                self.appendfsync
+            ));
+        }
+        None
+    }
+}
+
+/// The Lua the write scripts share: the fence. Returns a refusal, or nil and the record's fields
+/// (`owner`, `epoch`, `head`, `state`, `bt`).
+const FENCE: &str = r#"
+local function fence(rec, owner, epoch)
+  local m = redis.call('HMGET', rec, 'owner', 'epoch', 'head', 'state', 'bt')
+  if not m[1] then return {'NOSESSION'} end
+  if m[1] ~= owner or m[2] ~= epoch then return {'FENCED', m[2], m[3]} end
+  if m[4] ~= 'live' then return {'ENDED', m[2], m[3]} end
+  return nil, m
+end
+-- Appends the events of ARGV from index `from` (tag, kind, payload, completes) after `head`, in
+-- `epoch`; a completing event's request leaves the in-flight hash. Returns the new head.
+local function add_events(stream, inflight, epoch, head, from, maxlen)
+  for i = from, #ARGV, 4 do
+    head = head + 1
+    local id = string.format('%d-0', head)
+    if maxlen ~= '' then
+      redis.call('XADD', stream, 'MAXLEN', maxlen, id,
+                 'e', epoch, 't', ARGV[i], 'k', ARGV[i + 1], 'd', ARGV[i + 2])
+    else
+      redis.call('XADD', stream, id, 'e', epoch, 't', ARGV[i], 'k', ARGV[i + 1], 'd', ARGV[i + 2])
+    end
+    if ARGV[i + 3] ~= '' then redis.call('HDEL', inflight, ARGV[i + 3]) end
+  end
+  return head
+end
+"#;
+
+/// `create`. KEYS: record. ARGV: owner, meta, epoch table.
+const CREATE: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'EXISTS'} end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'head', '0', 'state', 'live',
+           'ep', ARGV[3], 'meta', ARGV[2], 'bt', '')
+return {'OK'}
+"#;
+
+/// `append`. KEYS: record, stream, in-flight, doorbell. ARGV: owner, epoch, expected head, batch
+/// token, maxlen (`''`: none), then per event: tag, kind, payload, completes (`''`: none).
+const APPEND: &str = r#"
+local refused, m = fence(KEYS[1], ARGV[1], ARGV[2])
+if refused then return refused end
+if m[3] ~= ARGV[3] then return {'HEAD', m[3], m[5] or ''} end
+local head = add_events(KEYS[2], KEYS[3], ARGV[2], tonumber(m[3]), 6, ARGV[5])
+redis.call('HSET', KEYS[1], 'head', string.format('%d', head), 'bt', ARGV[4])
+redis.call('SPUBLISH', KEYS[4], ARGV[2] .. ':' .. string.format('%d', head))
+return {'OK', string.format('%d', head)}
+"#;
+
+/// `inflight_add`. KEYS: record, in-flight. ARGV: owner, epoch, request id, tag. A request id
+/// already in flight answers `DUP` with its stream tag (a retried forward joins the first).
+const INFLIGHT_ADD: &str = r#"
+local refused = fence(KEYS[1], ARGV[1], ARGV[2])
+if refused then return refused end
+local existing = redis.call('HGET', KEYS[2], ARGV[3])
+if existing then return {'DUP', existing} end
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
+return {'OK'}
+"#;
+
+/// `end`. KEYS: record, stream, in-flight, doorbell. ARGV: owner, epoch, expected head, reason,
+/// retain secs, then per event (the answers the session owes): tag, kind, payload, completes.
+/// Then the end marker; the session's keys expire after `retain secs`.
+const END: &str = r#"
+local refused, m = fence(KEYS[1], ARGV[1], ARGV[2])
+if refused then return refused end
+if m[3] ~= ARGV[3] then return {'HEAD', m[3], m[5] or ''} end
+local head = add_events(KEYS[2], KEYS[3], ARGV[2], tonumber(m[3]), 6, '')
+head = head + 1
+redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', ARGV[2], 't', '0', 'k', '3',
+           'd', cjson.encode({reason = ARGV[4]}))
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'head', string.format('%d', head), 'state', 'ended',
+           'end_reason', ARGV[4], 'ended_unix', now[1])
+redis.call('DEL', KEYS[3])
+redis.call('EXPIRE', KEYS[1], ARGV[5])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('SPUBLISH', KEYS[4], ARGV[2] .. ':' .. string.format('%d', head))
+return {'OK', string.format('%d', head)}
+"#;
+
+/// `takeover`. KEYS: record, stream, in-flight, aborted, doorbell. ARGV: the dead owner, its
+/// epoch, the taker, reason, message, retain secs, the error code (-32091). Compares the dead owner and epoch, seals that
+/// epoch at the head, and in epoch + 1 answers every request in flight -32091 (kind `Final` on a
+/// POST stream, tag >= 2) and writes the end marker.
+const TAKEOVER: &str = r#"
+local m = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'head', 'state', 'ep')
+if not m[1] then return {'NOSESSION'} end
+if m[1] ~= ARGV[1] or m[2] ~= ARGV[2] then return {'FENCED', m[2], m[3]} end
+if m[4] ~= 'live' then return {'ENDED', m[2], m[3]} end
+local head = tonumber(m[3])
+local epoch = tonumber(m[2]) + 1
+local e = string.format('%d', epoch)
+local ep = cjson.decode(m[5])
+ep[#ep]['last'] = head
+ep[#ep + 1] = {epoch = epoch, first = head + 1, last = cjson.null}
+local inflight = redis.call('HGETALL', KEYS[3])
+local msg = cjson.encode(ARGV[5])
+local data = cjson.encode({reason = ARGV[4]})
+local aborted = 0
+for i = 1, #inflight, 2 do
+  head = head + 1
+  local tag = inflight[i + 1]
+  local kind = '0'
+  if tonumber(tag) >= 2 then kind = '2' end
+  local body = '{"jsonrpc":"2.0","id":' .. inflight[i] .. ',"error":{"code":' .. ARGV[7] .. ',"message":' ..
+               msg .. ',"data":' .. data .. '}}'
+  redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', e, 't', tag, 'k', kind, 'd', body)
+  redis.call('HSET', KEYS[4], inflight[i], string.format('%d', head))
+  aborted = aborted + 1
+end
+head = head + 1
+redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', e, 't', '0', 'k', '3', 'd', data)
+local now = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'epoch', e, 'head', string.format('%d', head),
+           'state', 'ended', 'ep', cjson.encode(ep), 'end_reason', ARGV[4], 'ended_unix', now[1])
+redis.call('DEL', KEYS[3])
+for i = 1, 4 do
+  if i ~= 3 then redis.call('EXPIRE', KEYS[i], ARGV[6]) end
+end
+redis.call('SPUBLISH', KEYS[5], e .. ':' .. string.format('%d', head))
+return {'OK', e, string.format('%d', head), string.format('%d', aborted)}
+"#;
+
+/// `read` (read-only). KEYS: record, stream. ARGV: after, count. The record's fields, the oldest
+/// retained entry id (`''`: none), then up to `count` entries after seq `after`, up to the head.
+const READ: &str = r#"
+local m = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'head', 'state', 'ep', 'meta', 'end_reason')
+if not m[1] then return {} end
+local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
+local oldest = ''
+if first[1] then oldest = first[1][1] end
+local evs = {}
+if tonumber(ARGV[1]) < tonumber(m[3]) then
+  evs = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1] .. '-0', m[3] .. '-0', 'COUNT', ARGV[2])
+end
+return {m[1], m[2], m[3], m[4], m[5], m[6] or '', m[7] or '', oldest, evs}
+"#;
+
+/// The scripts, loaded once (`EVALSHA`, reloaded on `NOSCRIPT` after a Redis restart).
+struct Scripts {
+    create: Script,
+    append: Script,
+    inflight_add: Script,
+    end: Script,
+    takeover: Script,
+    read: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let fenced = |body: &str| Script::new(&format!("{FENCE}\n{body}"));
+        Scripts {
+            create: Script::new(CREATE),
+            append: fenced(APPEND),
+            inflight_add: fenced(INFLIGHT_ADD),
+            end: fenced(END),
+            takeover: Script::new(TAKEOVER),
+            read: Script::new(READ),
+        }
+    }
+}
+
+/// The keys of one session.
+struct Keys {
+    record: String,
+    stream: String,
+    inflight: String,
+    aborted: String,
+    doorbell: String,
+}
+
+/// The shared log's client: one multiplexed connection (reconnecting) to a Redis primary.
+pub struct Shared {
+    conn: ConnectionManager,
+    prefix: String,
+    scripts: Scripts,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    /// Connects to `url` (`redis://` or `rediss://`); every key starts with `prefix`.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, SharedError> {
+        let client = redis::Client::open(url)?;
+        let conn = ConnectionManager::new(client).await?;
+        Ok(Shared {
+            conn,
+            prefix: prefix.to_string(),
+            scripts: Scripts::new(),
+        })
+    }
+
+    fn keys(&self, id: &SessionId) -> Keys {
+        let base = format!("{}:{{{id}}}", self.prefix);
+        Keys {
+            record: format!("{base}:m"),
+            stream: format!("{base}:ev"),
+            inflight: format!("{base}:in"),
+            aborted: format!("{base}:ab"),
+            doorbell: format!("{base}:m:n"),
+        }
+    }
+
+    /// The doorbell channel of `id` (readers subscribe with `SSUBSCRIBE`).
+    pub fn doorbell(&self, id: &SessionId) -> String {
+        self.keys(id).doorbell
+    }
+
+    /// The server's persistence settings.
+    pub async fn persistence(&self) -> Result<Persistence, SharedError> {
+        Ok(Persistence {
+            appendonly: self.config_get("appendonly").await?,
+            appendfsync: self.config_get("appendfsync").await?,
+        })
+    }
+
+    async fn config_get(&self, name: &str) -> Result<String, SharedError> {
+        let v: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg(name)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(v.get(1).cloned().unwrap_or_default())
+    }
+
+    /// Creates the record of `id`, owned by `owner` in epoch 1; `Ok(false)` when it exists.
+    pub async fn create(
+        &self,
+        id: &SessionId,
+        owner: &str,
+        meta: &str,
+    ) -> Result<bool, SharedError> {
+        let k = self.keys(id);
+        let ep = serde_json::to_string(&[EpochRange {
+            epoch: 1,
+            first: 1,
+            last: None,
+        }])
+        .expect("serialisable");
+        let r: Vec<String> = self
+            .scripts
+            .create
+            .key(&k.record)
+            .arg(owner)
+            .arg(meta)
+            .arg(ep)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        match r.first().map(String::as_str) {
+            Some("OK") => Ok(true),
+            Some("EXISTS") => Ok(false),
+            _ => Err(SharedError::Reply(format!("{r:?}"))),
+        }
+    }
+
+    /// Appends `evs` after `expected_head`, fenced by `fence`; `batch` names this write (a retry
+    /// after a lost reply finds its own token in [`Refused::Head`]). `maxlen` caps the stream's
+    /// length (`log.max_events_per_session`). The new head.
+    pub async fn append(
+        &self,
+        id: &SessionId,
+        fence: &Fence,
+        expected_head: u64,
+        batch: &str,
+        evs: &[NewEvent],
+        maxlen: Option<u64>,
+    ) -> Written<u64> {
+        let maxlen = maxlen.map(|m| m.to_string()).unwrap_or_default();
+        let script = &self.scripts.append;
+        self.write_events(script, id, fence, expected_head, (batch, maxlen), evs)
+            .await
+    }
+
+    /// Records `request_id` as in flight on `stream`, fenced, before it is forwarded upstream.
+    /// `Some(tag)` when it already was (on that stream).
+    pub async fn inflight_add(
+        &self,
+        id: &SessionId,
+        fence: &Fence,
+        request_id: &str,
+        stream: StreamTag,
+    ) -> Written<Option<StreamTag>> {
+        let k = self.keys(id);
+        let r: Vec<String> = self
+            .scripts
+            .inflight_add
+            .key(&k.record)
+            .key(&k.inflight)
+            .arg(&fence.owner)
+            .arg(fence.epoch)
+            .arg(request_id)
+            .arg(stream.0)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        if r.first().map(String::as_str) == Some("DUP") {
+            let tag = r
+                .get(1)
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| SharedError::Reply(format!("{r:?}")))?;
+            return Ok(Ok(Some(StreamTag(tag))));
+        }
+        Ok(answer(&r)?.map(|_| None))
+    }
+
+    /// The owner's end of `id`: the answers it owes (`evs`), then the end marker with `reason`;
+    /// the session's keys expire `retain_secs` later. The head after the marker.
+    pub async fn end(
+        &self,
+        id: &SessionId,
+        fence: &Fence,
+        expected_head: u64,
+        reason: &str,
+        evs: &[NewEvent],
+        retain_secs: u64,
+    ) -> Written<u64> {
+        let script = &self.scripts.end;
+        let args = (reason, retain_secs.max(1));
+        self.write_events(script, id, fence, expected_head, args, evs)
+            .await
+    }
+
+    /// `append` and `end`: the same keys and fence, two arguments of their own, then the events.
+    async fn write_events(
+        &self,
+        script: &Script,
+        id: &SessionId,
+        fence: &Fence,
+        expected_head: u64,
+        own: impl redis::ToRedisArgs,
+        evs: &[NewEvent],
+    ) -> Written<u64> {
+        let k = self.keys(id);
+        let mut inv = script.prepare_invoke();
+        inv.key(&k.record)
+            .key(&k.stream)
+            .key(&k.inflight)
+            .key(&k.doorbell)
+            .arg(&fence.owner)
+            .arg(fence.epoch)
+            .arg(expected_head)
+            .arg(own);
+        for ev in evs {
+            inv.arg(ev.stream.0)
+                .arg(ev.kind as u8 as u32)
+                .arg(ev.payload.as_ref())
+                .arg(ev.completes.as_deref().unwrap_or(""));
+        }
+        let r: Vec<String> = inv.invoke_async(&mut self.conn.clone()).await?;
+        with_head(&r)
+    }
+
+    /// Takes `id` over from `dead` (its owner and epoch, as last read) for `taker`: the session
+    /// ends in epoch + 1, every request in flight answered -32091 with `data.reason = reason`.
+    pub async fn takeover(
+        &self,
+        id: &SessionId,
+        dead: &Fence,
+        taker: &str,
+        reason: &str,
+        message: &str,
+        retain_secs: u64,
+    ) -> Written<Takeover> {
+        let k = self.keys(id);
+        let r: Vec<String> = self
+            .scripts
+            .takeover
+            .key(&k.record)
+            .key(&k.stream)
+            .key(&k.inflight)
+            .key(&k.aborted)
+            .key(&k.doorbell)
+            .arg(&dead.owner)
+            .arg(dead.epoch)
+            .arg(taker)
+            .arg(reason)
+            .arg(message)
+            .arg(retain_secs.max(1))
+            .arg(crate::jsonrpc::INFLIGHT_ABORTED)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        let fields = match answer(&r)? {
+            Ok(f) => f,
+            Err(refused) => return Ok(Err(refused)),
+        };
+        let num = |i: usize| -> Result<u64, SharedError> {
+            fields
+                .get(i)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| SharedError::Reply(format!("{r:?}")))
+        };
+        Ok(Ok(Takeover {
+            epoch: num(0)? as u32,
+            head: num(1)?,
+            aborted: num(2)? as usize,
+        }))
+    }
+
+    /// The record of `id` and up to `max` of its events after seq `after` (up to the head), from
+    /// one snapshot; `None` when there is no record.
+    pub async fn read(
+        &self,
+        id: &SessionId,
+        after: u64,
+        max: usize,
+    ) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
+        let k = self.keys(id);
+        let v: Value = self
+            .scripts
+            .read
+            .key(&k.record)
+            .key(&k.stream)
+            .arg(after)
+            .arg(max.max(1))
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        parse_read(v)
+    }
+}
+
+/// A script's answer: `OK` and its fields, or the refusal.
+fn answer(r: &[String]) -> Result<Result<&[String], Refused>, SharedError> {
+    let bad = || SharedError::Reply(format!("{r:?}"));
+    let num = |i: usize| -> Result<u64, SharedError> {
+        r.get(i).and_then(|v| v.parse().ok()).ok_or_else(bad)
+    };
+    Ok(match r.first().map(String::as_str) {
+        Some("OK") => Ok(&r[1..]),
+        Some("NOSESSION") => Err(Refused::NoSession),
+        Some("FENCED") => Err(Refused::Fenced {
+            epoch: num(1)? as u32,
+            head: num(2)?,
+        }),
+        Some("ENDED") => Err(Refused::Ended {
+            epoch: num(1)? as u32,
+            head: num(2)?,
+        }),
+        Some("HEAD") => Err(Refused::Head {
+            head: num(1)?,
+            batch: r.get(2).cloned().unwrap_or_default(),
+        }),
+        _ => return Err(bad()),
+    })
+}
+
+/// An answer whose `OK` carries the new head.
+fn with_head(r: &[String]) -> Written<u64> {
+    Ok(match answer(r)? {
+        Ok(f) => Ok(f
+            .first()
+            .and_then(|h| h.parse().ok())
+            .ok_or_else(|| SharedError::Reply(format!("{r:?}")))?),
+        Err(refused) => Err(refused),
+    })
+}
+
+/// Reads `read`'s answer.
+fn parse_read(v: Value) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
+    let bad = |what: &str| SharedError::Reply(format!("read: {what}"));
+    let Value::Array(items) = v else {
+        return Err(bad("not an array"));
+    };
+    if items.is_empty() {
+        return Ok(None);
+    }
+    if items.len() != 9 {
+        return Err(bad("wrong length"));
+    }
+    let text = |i: usize| -> Result<String, SharedError> {
+        match &items[i] {
+            Value::BulkString(b) => String::from_utf8(b.clone()).map_err(|_| bad("not UTF-8")),
+            Value::SimpleString(s) => Ok(s.clone()),
+            Value::Int(n) => Ok(n.to_string()),
+            _ => Err(bad("not a string")),
+        }
+    };
+    let owner = text(0)?;
+    let epoch: u32 = text(1)?.parse().map_err(|_| bad("epoch"))?;
+    let head: u64 = text(2)?.parse().map_err(|_| bad("head"))?;
+    let state = text(3)?;
+    let epochs: Vec<EpochRange> =
+        serde_json::from_str(&text(4)?).map_err(|_| bad("epoch table"))?;
+    let meta = text(5)?;
+    let end_reason = text(6)?;
+    let oldest = match text(7)?.as_str() {
+        "" => head + 1,
+        id => entry_seq(id).ok_or_else(|| bad("oldest id"))?,
+    };
+    let Value::Array(entries) = &items[8] else {
+        return Err(bad("entries"));
+    };
+    let mut events = Vec::with_capacity(entries.len());
+    for e in entries {
+        events.push(parse_entry(e).ok_or_else(|| bad("entry"))?);
+    }
+    let record = Record {
+        fence: Fence { owner, epoch },
+        ranges: LogRanges {
+            epochs,
+            oldest,
+            head,
+        },
+        ended: (state == "ended").then_some(end_reason),
+        meta,
+    };
+    Ok(Some((record, events)))
+}
+
+/// The seq of a stream entry id `<seq>-0`.
+fn entry_seq(id: &str) -> Option<u64> {
+    id.strip_suffix("-0")?.parse().ok()
+}
+
+/// One stream entry: `[id, [field, value, ...]]`.
+fn parse_entry(e: &Value) -> Option<Event> {
+    let Value::Array(pair) = e else { return None };
+    let [Value::BulkString(id), Value::Array(fields)] = pair.as_slice() else {
+        return None;
+    };
+    let seq = entry_seq(std::str::from_utf8(id).ok()?)?;
+    let (mut epoch, mut tag, mut kind, mut data) = (None, None, None, None);
+    for kv in fields.chunks(2) {
+        let [Value::BulkString(k), Value::BulkString(v)] = kv else {
+            return None;
+        };
+        let num = || std::str::from_utf8(v).ok()?.parse::<u64>().ok();
+        match k.as_slice() {
+            b"e" => epoch = Some(num()? as u32),
+            b"t" => tag = Some(StreamTag(num()?)),
+            b"k" => kind = Kind::from_u8(u8::try_from(num()?).ok()?),
+            b"d" => data = Some(Bytes::copy_from_slice(v)),
+            _ => {}
+        }
+    }
+    Some(Event {
+        seq,
+        epoch: epoch?,
+        stream: tag?,
+        kind: kind?,
+        payload: data?,
+    })
+}

@@ -1,0 +1,504 @@
+//! The shared log's storage on a real `redis-server` (design.md §13; `src/log/redis.rs`): fenced
+//! compare-and-append, takeover, reads from one snapshot with the §4 resume check, and what Redis
+//! losing data looks like to the owner and to resumes. Each test starts its own server on
+//! loopback, below port 32768; nothing is mocked.
+//!
+//! Run: `cargo test --test redis_log` (needs `redis-server`: `scripts/install-peers`).
+
+mod support;
+
+use bytes::Bytes;
+use mcp_resume_proxy::log::cursor::{check_resume, Cursor, Refusal, SessionId};
+use mcp_resume_proxy::log::redis::{Fence, Refused, Shared};
+use mcp_resume_proxy::log::{Event, Kind, NewEvent, StreamTag};
+use serde_json::Value;
+use support::redis::{Persist, RedisServer};
+
+const PREFIX: &str = "mrp";
+
+fn ev(stream: StreamTag, kind: Kind, body: &str) -> NewEvent {
+    NewEvent::new(stream, kind, Bytes::from(body.to_string()))
+}
+
+fn msg(i: u64) -> NewEvent {
+    ev(
+        StreamTag::STANDALONE,
+        Kind::Message,
+        &format!(r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"n":{i}}}}}"#),
+    )
+}
+
+fn owner(name: &str, epoch: u32) -> Fence {
+    Fence {
+        owner: name.to_string(),
+        epoch,
+    }
+}
+
+/// Every event of `id` after `after`, paging like a reader does.
+async fn read_all(s: &Shared, id: &SessionId, mut after: u64) -> Vec<Event> {
+    let mut out = Vec::new();
+    loop {
+        let (_, page) = s.read(id, after, 7).await.unwrap().expect("record");
+        if page.is_empty() {
+            return out;
+        }
+        after = page.last().unwrap().seq;
+        out.extend(page);
+    }
+}
+
+/// (seq, epoch, kind, payload) of each event.
+fn shape(evs: &[Event]) -> Vec<(u64, u32, Kind, String)> {
+    evs.iter()
+        .map(|e| {
+            (
+                e.seq,
+                e.epoch,
+                e.kind,
+                String::from_utf8(e.payload.to_vec()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+async fn new_session(s: &Shared, who: &str) -> SessionId {
+    let id = SessionId::random();
+    assert!(s
+        .create(&id, who, r#"{"facade":"streamable"}"#)
+        .await
+        .unwrap());
+    id
+}
+
+/// Appends run in order with contiguous seqs, and a reader pages through exactly what was
+/// written: nothing missing, duplicated or reordered.
+#[tokio::test]
+async fn appends_read_back_exactly_in_order() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = new_session(&s, "a/1").await;
+    assert!(
+        !s.create(&id, "b/1", "{}").await.unwrap(),
+        "a second create of the same id is refused"
+    );
+    let me = owner("a/1", 1);
+    let mut head = 0;
+    let mut want = Vec::new();
+    for batch in 0..10u64 {
+        let evs: Vec<NewEvent> = (0..5).map(|i| msg(batch * 5 + i)).collect();
+        for e in &evs {
+            want.push(String::from_utf8(e.payload.to_vec()).unwrap());
+        }
+        head = s
+            .append(&id, &me, head, &format!("b{batch}"), &evs, None)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(head, 50);
+    let got = read_all(&s, &id, 0).await;
+    assert_eq!(
+        got.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=50).collect::<Vec<_>>()
+    );
+    assert!(got
+        .iter()
+        .all(|e| e.epoch == 1 && e.stream == StreamTag::STANDALONE));
+    let payloads: Vec<String> = shape(&got).into_iter().map(|x| x.3).collect();
+    assert_eq!(payloads, want);
+    // From the middle: exactly the rest.
+    let rest = read_all(&s, &id, 37).await;
+    assert_eq!(
+        rest.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (38..=50).collect::<Vec<_>>()
+    );
+}
+
+/// Compare-and-append: a write that expects another head is refused and writes nothing; a retry of
+/// a batch whose reply was lost finds its own token (it did land), a writer whose head Redis
+/// rewound finds another.
+#[tokio::test]
+async fn an_append_at_the_wrong_head_is_refused_and_writes_nothing() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = new_session(&s, "a/1").await;
+    let me = owner("a/1", 1);
+    let h = s
+        .append(&id, &me, 0, "t1", &[msg(1), msg(2)], None)
+        .await
+        .unwrap();
+    assert_eq!(h, Ok(2));
+    // The same batch again (its reply "lost"): refused, and the token says it landed.
+    let again = s
+        .append(&id, &me, 0, "t1", &[msg(1), msg(2)], None)
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        Err(Refused::Head {
+            head: 2,
+            batch: "t1".into()
+        })
+    );
+    // A writer that believes the head is further on (Redis lost its writes): refused too.
+    let ahead = s.append(&id, &me, 5, "t9", &[msg(6)], None).await.unwrap();
+    assert_eq!(
+        ahead,
+        Err(Refused::Head {
+            head: 2,
+            batch: "t1".into()
+        })
+    );
+    let got = read_all(&s, &id, 0).await;
+    assert_eq!(got.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![1, 2]);
+}
+
+/// The fence: after a takeover, the old owner's writes — append, in-flight, end — are all refused,
+/// however late they arrive, and the taker's end holds: the history, one -32091 per request that
+/// was in flight (on its stream, `Final` on a POST stream), the end marker, in epoch 2. A resume
+/// into the old epoch up to its seal is served exactly that; past the seal it is refused.
+#[tokio::test]
+async fn a_takeover_fences_the_old_owner_and_ends_the_session_loudly() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = new_session(&s, "a/1").await;
+    let old = owner("a/1", 1);
+    let post = StreamTag::post(0);
+    assert_eq!(
+        s.inflight_add(&id, &old, "7", post).await.unwrap(),
+        Ok(None)
+    );
+    assert_eq!(
+        s.inflight_add(&id, &old, "\"x\"", StreamTag::STANDALONE)
+            .await
+            .unwrap(),
+        Ok(None)
+    );
+    // A retried forward of the same request joins the first.
+    assert_eq!(
+        s.inflight_add(&id, &old, "7", StreamTag::post(3))
+            .await
+            .unwrap(),
+        Ok(Some(post))
+    );
+    let h = s
+        .append(&id, &old, 0, "t1", &[msg(1), msg(2), msg(3)], None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(h, 3);
+
+    // A takeover that names the wrong epoch does nothing.
+    let wrong = s
+        .takeover(&id, &owner("a/1", 2), "b/1", "owner_lost", "lost", 60)
+        .await
+        .unwrap();
+    assert_eq!(wrong, Err(Refused::Fenced { epoch: 1, head: 3 }));
+    let t = s
+        .takeover(&id, &old, "b/1", "owner_lost", "owner replica lost", 60)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((t.epoch, t.aborted), (2, 2));
+    assert_eq!(t.head, 6, "two -32091s and the end marker after seq 3");
+    // A second taker finds it ended.
+    let twice = s
+        .takeover(&id, &old, "c/1", "owner_lost", "lost", 60)
+        .await
+        .unwrap();
+    assert_eq!(twice, Err(Refused::Fenced { epoch: 2, head: 6 }));
+
+    // The old owner wakes up: every write is refused.
+    let late = s.append(&id, &old, 3, "t2", &[msg(4)], None).await.unwrap();
+    assert_eq!(late, Err(Refused::Fenced { epoch: 2, head: 6 }));
+    let late = s.inflight_add(&id, &old, "8", post).await.unwrap();
+    assert_eq!(late, Err(Refused::Fenced { epoch: 2, head: 6 }));
+    let late = s.end(&id, &old, 3, "client_delete", &[], 60).await.unwrap();
+    assert_eq!(late, Err(Refused::Fenced { epoch: 2, head: 6 }));
+    // Nor may the taker append to an ended session.
+    let after = s
+        .append(&id, &owner("b/1", 2), 6, "t3", &[msg(9)], None)
+        .await
+        .unwrap();
+    assert_eq!(after, Err(Refused::Ended { epoch: 2, head: 6 }));
+
+    let all = read_all(&s, &id, 0).await;
+    let got = shape(&all);
+    assert_eq!(got.len(), 6);
+    assert_eq!(
+        got[..3].iter().map(|x| (x.0, x.1, x.2)).collect::<Vec<_>>(),
+        vec![
+            (1, 1, Kind::Message),
+            (2, 1, Kind::Message),
+            (3, 1, Kind::Message)
+        ]
+    );
+    // The aborts, in epoch 2, each on its request's stream, with its id and the reason.
+    let mut aborted = Vec::new();
+    for e in &all[3..5] {
+        assert_eq!(e.epoch, 2);
+        let v: Value = serde_json::from_slice(&e.payload).unwrap();
+        assert_eq!(v["error"]["code"], -32091);
+        assert_eq!(v["error"]["data"]["reason"], "owner_lost");
+        assert_eq!(v["error"]["message"], "owner replica lost");
+        aborted.push((v["id"].clone(), e.stream, e.kind));
+    }
+    aborted.sort_by_key(|a| a.1);
+    assert_eq!(
+        aborted,
+        vec![
+            (Value::from("x"), StreamTag::STANDALONE, Kind::Message),
+            (Value::from(7), post, Kind::Final),
+        ]
+    );
+    assert_eq!((all[5].seq, all[5].epoch, all[5].kind), (6, 2, Kind::End));
+
+    // The resume check against the shared record: the old epoch is sealed at 3.
+    let (rec, _) = s.read(&id, 0, 1).await.unwrap().unwrap();
+    assert_eq!(rec.fence, owner("b/1", 2));
+    assert_eq!(rec.ended.as_deref(), Some("owner_lost"));
+    let cursor = |epoch, seq| Cursor {
+        session: id,
+        epoch,
+        seq,
+    };
+    assert_eq!(check_resume(&cursor(1, 2), &rec.ranges, true), Ok(2));
+    assert_eq!(check_resume(&cursor(1, 3), &rec.ranges, true), Ok(3));
+    assert_eq!(
+        check_resume(&cursor(1, 4), &rec.ranges, true),
+        Err(Refusal::CursorAhead),
+        "an id past the seal was never an event of epoch 1"
+    );
+    assert_eq!(
+        check_resume(&cursor(3, 1), &rec.ranges, true),
+        Err(Refusal::UnknownEpoch)
+    );
+}
+
+/// The owner's own end: the answers it owes, the end marker; after it nothing more is written.
+#[tokio::test]
+async fn the_owners_end_writes_its_answers_then_the_marker() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = new_session(&s, "a/1").await;
+    let me = owner("a/1", 1);
+    let post = StreamTag::post(0);
+    s.inflight_add(&id, &me, "1", post).await.unwrap().unwrap();
+    let mut answer = ev(post, Kind::Final, r#"{"jsonrpc":"2.0","id":1,"result":{}}"#);
+    answer.completes = Some("1".into());
+    let h = s
+        .append(&id, &me, 0, "t1", &[msg(1), answer], None)
+        .await
+        .unwrap();
+    assert_eq!(h, Ok(2));
+    // Answered: no longer in flight, so a takeover now would abort nothing.
+    let owed = ev(
+        StreamTag::STANDALONE,
+        Kind::Message,
+        r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32091}}"#,
+    );
+    let h = s
+        .end(&id, &me, 2, "client_delete", &[owed], 60)
+        .await
+        .unwrap();
+    assert_eq!(h, Ok(4));
+    let all = read_all(&s, &id, 0).await;
+    assert_eq!(
+        shape(&all).iter().map(|x| (x.0, x.2)).collect::<Vec<_>>(),
+        vec![
+            (1, Kind::Message),
+            (2, Kind::Final),
+            (3, Kind::Message),
+            (4, Kind::End)
+        ]
+    );
+    let (rec, _) = s.read(&id, 0, 1).await.unwrap().unwrap();
+    assert_eq!(rec.ended.as_deref(), Some("client_delete"));
+    assert_eq!(
+        s.append(&id, &me, 4, "t3", &[msg(5)], None).await.unwrap(),
+        Err(Refused::Ended { epoch: 1, head: 4 })
+    );
+}
+
+/// `MAXLEN` trims the oldest events; a resume into what was trimmed is refused (`cursor_trimmed`),
+/// from the first retained one it is served exactly.
+#[tokio::test]
+async fn trimmed_events_are_refused_never_skipped() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = new_session(&s, "a/1").await;
+    let me = owner("a/1", 1);
+    let mut head = 0;
+    for b in 0..4u64 {
+        let evs: Vec<NewEvent> = (0..5).map(|i| msg(b * 5 + i)).collect();
+        head = s
+            .append(&id, &me, head, &format!("b{b}"), &evs, Some(8))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let (rec, _) = s.read(&id, 0, 1).await.unwrap().unwrap();
+    assert_eq!((rec.ranges.oldest, rec.ranges.head), (13, 20));
+    let c = |seq| Cursor {
+        session: id,
+        epoch: 1,
+        seq,
+    };
+    assert_eq!(
+        check_resume(&c(11), &rec.ranges, true),
+        Err(Refusal::CursorTrimmed)
+    );
+    assert_eq!(check_resume(&c(13), &rec.ranges, true), Ok(13));
+    let rest = read_all(&s, &id, 13).await;
+    assert_eq!(
+        rest.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (14..=20).collect::<Vec<_>>()
+    );
+}
+
+/// With `appendfsync always`, every acknowledged write survives a SIGKILL of Redis: the restarted
+/// server holds exactly what was acknowledged, and the owner carries on at its head.
+#[tokio::test]
+async fn acknowledged_appends_survive_a_redis_sigkill_with_aof_always() {
+    let mut r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    assert_eq!(s.persistence().await.unwrap().fsync_refusal(), None);
+    let id = new_session(&s, "a/1").await;
+    let me = owner("a/1", 1);
+    let mut head = 0;
+    for b in 0..20u64 {
+        head = s
+            .append(
+                &id,
+                &me,
+                head,
+                &format!("b{b}"),
+                &[msg(2 * b), msg(2 * b + 1)],
+                None,
+            )
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    r.restart().await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let got = read_all(&s, &id, 0).await;
+    assert_eq!(
+        got.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=40).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        s.append(&id, &me, head, "b20", &[msg(40)], None)
+            .await
+            .unwrap(),
+        Ok(41)
+    );
+}
+
+/// Redis losing everything (a restart without persistence, or `FLUSHALL`) is loud: the owner's
+/// next write is refused `NoSession`, and a read finds no record (a resume gets 404), never an
+/// empty 200.
+#[tokio::test]
+async fn lost_redis_data_refuses_the_owner_and_every_resume() {
+    let mut r = RedisServer::start(Persist::None).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let refusal = s.persistence().await.unwrap().fsync_refusal();
+    assert!(
+        refusal.as_deref().is_some_and(|m| m.contains("appendonly")),
+        "fsync needs the AOF: {refusal:?}"
+    );
+    let a = new_session(&s, "a/1").await;
+    let me = owner("a/1", 1);
+    s.append(&a, &me, 0, "t1", &[msg(1)], None)
+        .await
+        .unwrap()
+        .unwrap();
+    r.restart().await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    assert_eq!(
+        s.append(&a, &me, 1, "t2", &[msg(2)], None).await.unwrap(),
+        Err(Refused::NoSession)
+    );
+    assert!(s.read(&a, 0, 10).await.unwrap().is_none());
+
+    let b = new_session(&s, "a/1").await;
+    s.append(&b, &me, 0, "t1", &[msg(1)], None)
+        .await
+        .unwrap()
+        .unwrap();
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut r.admin().await)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.inflight_add(&b, &me, "1", StreamTag::post(0))
+            .await
+            .unwrap(),
+        Err(Refused::NoSession)
+    );
+    assert!(s.read(&b, 0, 10).await.unwrap().is_none());
+}
+
+/// `appendfsync everysec` can lose a second of acknowledged writes: `fsync` refuses it, naming
+/// the setting.
+#[tokio::test]
+async fn fsync_durability_needs_appendfsync_always() {
+    let r = RedisServer::start(Persist::AofEverysec).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let refusal = s.persistence().await.unwrap().fsync_refusal().unwrap();
+    assert!(refusal.contains("appendfsync"), "{refusal}");
+    assert!(refusal.contains("everysec"), "{refusal}");
+}
+
+/// The doorbell rings with `<epoch>:<head>` after each write, on the session's shard channel.
+#[tokio::test]
+async fn every_write_rings_the_doorbell() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = new_session(&s, "a/1").await;
+    // A plain RESP2 connection in a thread: `SSUBSCRIBE`, then read the `smessage`s it pushes.
+    let url = r.url();
+    let channel = s.doorbell(&id);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (subscribed_tx, subscribed) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+        con.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        con.send_packed_command(&redis::cmd("SSUBSCRIBE").arg(&channel).get_packed_command())
+            .unwrap();
+        let _ack = con.recv_response().unwrap();
+        subscribed_tx.send(()).unwrap();
+        while let Ok(v) = con.recv_response() {
+            if let redis::Value::Array(parts) = v {
+                if let [redis::Value::BulkString(k), _, redis::Value::BulkString(b)] =
+                    parts.as_slice()
+                {
+                    if k == b"smessage" && tx.send(String::from_utf8(b.clone()).unwrap()).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    subscribed
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .unwrap();
+    let me = owner("a/1", 1);
+    s.append(&id, &me, 0, "t1", &[msg(1), msg(2)], None)
+        .await
+        .unwrap()
+        .unwrap();
+    s.end(&id, &me, 2, "client_delete", &[], 60)
+        .await
+        .unwrap()
+        .unwrap();
+    let rings: Vec<String> = (0..2)
+        .map(|_| {
+            rx.recv_timeout(std::time::Duration::from_secs(20))
+                .expect("a ring")
+        })
+        .collect();
+    assert_eq!(rings, vec!["1:2", "1:3"]);
+}

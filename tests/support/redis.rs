@@ -1,0 +1,117 @@
+//! A real `redis-server` (Debian's package, installed by `scripts/install-peers`) on loopback, on a
+//! port below 32768, with its data in a temporary directory: started, SIGKILLed, restarted.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use super::{port, wait_port, Proc, WAIT};
+
+/// How the server persists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persist {
+    /// `appendonly yes`, `appendfsync always`: a reply leaves after its write is fsynced.
+    AofAlways,
+    /// `appendonly yes`, `appendfsync everysec` (Redis's default fsync policy).
+    AofEverysec,
+    /// No AOF, no snapshots: a restart loses everything.
+    None,
+}
+
+/// A running `redis-server`.
+pub struct RedisServer {
+    pub port: u16,
+    pub persist: Persist,
+    dir: tempfile::TempDir,
+    proc: Option<Proc>,
+}
+
+/// The `redis-server` binary: fails (never skips) when it is missing.
+pub fn redis_server_bin() -> PathBuf {
+    for p in ["/usr/bin/redis-server", "/usr/local/bin/redis-server"] {
+        let p = PathBuf::from(p);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("test peer missing: redis-server — run scripts/install-peers");
+}
+
+impl RedisServer {
+    /// Starts a server persisting as `persist`, and waits until it accepts.
+    pub async fn start(persist: Persist) -> RedisServer {
+        let mut s = RedisServer {
+            port: port(),
+            persist,
+            dir: tempfile::tempdir().unwrap(),
+            proc: None,
+        };
+        s.launch().await;
+        s
+    }
+
+    async fn launch(&mut self) {
+        let mut cmd = Command::new(redis_server_bin());
+        cmd.arg("--port")
+            .arg(self.port.to_string())
+            .args(["--bind", "127.0.0.1", "--protected-mode", "yes"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--save", "", "--daemonize", "no", "--loglevel", "warning"])
+            .args(["--maxmemory-policy", "noeviction"]);
+        match self.persist {
+            Persist::AofAlways => cmd.args(["--appendonly", "yes", "--appendfsync", "always"]),
+            Persist::AofEverysec => cmd.args(["--appendonly", "yes", "--appendfsync", "everysec"]),
+            Persist::None => cmd.args(["--appendonly", "no"]),
+        };
+        self.proc = Some(Proc::spawn("redis-server", cmd));
+        tokio::time::timeout(WAIT, wait_port(self.port))
+            .await
+            .expect("redis-server listens");
+        // Accepting is not yet serving: a restart with an AOF loads it first (`LOADING`).
+        let client = redis::Client::open(self.url()).unwrap();
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Ok(mut c) = client.get_multiplexed_async_connection().await {
+                let pong: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut c).await;
+                if pong.is_ok() {
+                    return;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "redis-server never served"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL (the AOF stays as the kill left it).
+    pub fn kill9(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+
+    /// SIGKILL, then start again on the same port and directory.
+    pub async fn restart(&mut self) {
+        self.kill9();
+        self.launch().await;
+    }
+
+    /// A plain connection, for what a test does to the server itself (`FLUSHALL`, `CONFIG`).
+    pub async fn admin(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
