@@ -12,7 +12,7 @@ use mcp_resume_proxy::log::cursor::{check_resume, Cursor, Refusal, SessionId};
 use mcp_resume_proxy::log::redis::{Fence, Refused, Shared};
 use mcp_resume_proxy::log::{Event, Kind, NewEvent, StreamTag};
 use serde_json::Value;
-use support::redis::{Persist, RedisServer};
+use support::redis::{Persist, RedisCluster, RedisServer};
 
 const PREFIX: &str = "mrp";
 
@@ -363,7 +363,7 @@ async fn trimmed_events_are_refused_never_skipped() {
 async fn acknowledged_appends_survive_a_redis_sigkill_with_aof_always() {
     let mut r = RedisServer::start(Persist::AofAlways).await;
     let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
-    assert_eq!(s.persistence().await.unwrap().fsync_refusal(), None);
+    assert_eq!(s.fsync_refusal().await.unwrap(), None);
     let id = new_session(&s, "a/1").await;
     let me = owner("a/1", 1);
     let mut head = 0;
@@ -403,7 +403,7 @@ async fn acknowledged_appends_survive_a_redis_sigkill_with_aof_always() {
 async fn lost_redis_data_refuses_the_owner_and_every_resume() {
     let mut r = RedisServer::start(Persist::None).await;
     let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
-    let refusal = s.persistence().await.unwrap().fsync_refusal();
+    let refusal = s.fsync_refusal().await.unwrap();
     assert!(
         refusal.as_deref().is_some_and(|m| m.contains("appendonly")),
         "fsync needs the AOF: {refusal:?}"
@@ -446,7 +446,7 @@ async fn lost_redis_data_refuses_the_owner_and_every_resume() {
 async fn fsync_durability_needs_appendfsync_always() {
     let r = RedisServer::start(Persist::AofEverysec).await;
     let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
-    let refusal = s.persistence().await.unwrap().fsync_refusal().unwrap();
+    let refusal = s.fsync_refusal().await.unwrap().unwrap();
     assert!(refusal.contains("appendfsync"), "{refusal}");
     assert!(refusal.contains("everysec"), "{refusal}");
 }
@@ -501,4 +501,190 @@ async fn every_write_rings_the_doorbell() {
         })
         .collect();
     assert_eq!(rings, vec!["1:2", "1:3"]);
+}
+
+/// Redis lost the record while its owner still holds the session (`FLUSHALL` here): the owner's
+/// write is refused, and `recreate_lost` writes an ended record whose new epoch answers the
+/// requests the owner holds in flight -32091, then ends. Every id of the lost epoch is refused
+/// `unknown_epoch`; the new epoch's ids are served.
+#[tokio::test]
+async fn a_lost_record_comes_back_ended_with_the_owners_answers() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    assert!(!s.is_cluster());
+    let id = new_session(&s, "a/1").await;
+    let me = owner("a/1", 1);
+    let post = StreamTag::post(1);
+    s.inflight_add(&id, &me, "3", post).await.unwrap().unwrap();
+    let evs: Vec<NewEvent> = (0..5).map(msg).collect();
+    assert_eq!(
+        s.append(&id, &me, 0, "t1", &evs, None).await.unwrap(),
+        Ok(5)
+    );
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut r.admin().await)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.append(&id, &me, 5, "t2", &[msg(5)], None).await.unwrap(),
+        Err(Refused::NoSession)
+    );
+    let inflight = vec![("3".to_string(), post)];
+    let made = s
+        .recreate_lost(&id, "a/1", 1, 5, &inflight, "store_lost", "log lost", 60)
+        .await
+        .unwrap();
+    assert!(made);
+    assert!(
+        !s.recreate_lost(&id, "a/1", 1, 5, &inflight, "store_lost", "log lost", 60)
+            .await
+            .unwrap(),
+        "only where no record exists"
+    );
+    let all = read_all(&s, &id, 0).await;
+    assert_eq!(
+        all.iter()
+            .map(|e| (e.seq, e.epoch, e.stream, e.kind))
+            .collect::<Vec<_>>(),
+        vec![(6, 2, post, Kind::Final), (7, 2, StreamTag(0), Kind::End)]
+    );
+    let v: Value = serde_json::from_slice(&all[0].payload).unwrap();
+    assert_eq!(
+        (v["id"].clone(), v["error"]["code"].clone()),
+        (Value::from(3), Value::from(-32091))
+    );
+    assert_eq!(v["error"]["data"]["reason"], "store_lost");
+    let (rec, _) = s.read(&id, 0, 1).await.unwrap().unwrap();
+    assert_eq!(rec.ended.as_deref(), Some("store_lost"));
+    let c = |epoch, seq| Cursor {
+        session: id,
+        epoch,
+        seq,
+    };
+    for seq in [1, 4, 5] {
+        assert_eq!(
+            check_resume(&c(1, seq), &rec.ranges, true),
+            Err(Refusal::UnknownEpoch),
+            "an id of the lost epoch is never served other events"
+        );
+    }
+    assert_eq!(check_resume(&c(2, 6), &rec.ranges, true), Ok(6));
+}
+
+/// Leases: a node's lease lapses on Redis's clock unless renewed; exactly one of two reapers
+/// claims a lapsed node; the reaped node's next beat is told so (it must come back as a new
+/// incarnation), and the sessions it noted as its own are there for the claimer.
+#[tokio::test]
+async fn a_lapsed_lease_is_claimed_once_and_the_node_learns_it_was_reaped() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let s2 = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let beat = |node: &'static str, lease: u64, first: bool| {
+        let s = &s;
+        async move {
+            s.heartbeat(node, lease, "127.0.0.1:9001", first)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(beat("a/1", 2000, true).await.is_some());
+    assert!(s
+        .heartbeat("b/1", 60_000, "127.0.0.1:9002", true)
+        .await
+        .unwrap()
+        .is_some());
+    let (x, y) = (SessionId::random(), SessionId::random());
+    s.own("a/1", &x).await.unwrap();
+    s.own("a/1", &y).await.unwrap();
+    assert!(s.lapsed().await.unwrap().is_empty());
+    assert!(
+        !s.claim("a/1").await.unwrap(),
+        "a live lease is not claimed"
+    );
+    // Renewed, it lives on from the renewal (checked at once: 2 s of margin).
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(beat("a/1", 2000, false).await.is_some());
+    assert!(s.lapsed().await.unwrap().is_empty());
+    // Not renewed, it lapses.
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    assert_eq!(s.lapsed().await.unwrap(), vec!["a/1".to_string()]);
+    let (c1, c2) = tokio::join!(s.claim("a/1"), s2.claim("a/1"));
+    assert_eq!(
+        [c1.unwrap(), c2.unwrap()].iter().filter(|c| **c).count(),
+        1,
+        "exactly one reaper claims it"
+    );
+    assert_eq!(
+        beat("a/1", 2000, false).await,
+        None,
+        "the reaped node is told"
+    );
+    let mut owned = s.owned("a/1").await.unwrap();
+    owned.sort_by_key(|i| i.to_string());
+    let mut want = vec![x, y];
+    want.sort_by_key(|i| i.to_string());
+    assert_eq!(owned, want);
+    s.disown_all("a/1").await.unwrap();
+    assert!(s.owned("a/1").await.unwrap().is_empty());
+    assert_eq!(
+        s.node_addr("b/1").await.unwrap().as_deref(),
+        Some("127.0.0.1:9002")
+    );
+    assert!(s.lapsed().await.unwrap().is_empty(), "b/1 is alive");
+}
+
+/// A Redis Cluster of three primaries: found from any one node, every primary's persistence
+/// checked, and the fenced scripts work for sessions spread over all three (a session's keys
+/// share its hash tag, so each script runs on one node).
+#[tokio::test]
+async fn the_fenced_scripts_hold_on_a_redis_cluster_of_three() {
+    let c = RedisCluster::start().await;
+    let s = Shared::connect(&c.url(1), PREFIX).await.unwrap();
+    assert!(s.is_cluster());
+    assert_eq!(s.fsync_refusal().await.unwrap(), None);
+    let mut slots = std::collections::HashSet::new();
+    let mut admin = redis::Client::open(c.url(0))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    for n in 0..12u64 {
+        let id = new_session(&s, "a/1").await;
+        let slot: i64 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(format!("{PREFIX}:{{{id}}}:m"))
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        slots.insert(slot * 3 / 16384);
+        let me = owner("a/1", 1);
+        s.inflight_add(&id, &me, "1", StreamTag::post(0))
+            .await
+            .unwrap()
+            .unwrap();
+        let evs: Vec<NewEvent> = (0..3).map(|i| msg(n * 3 + i)).collect();
+        assert_eq!(
+            s.append(&id, &me, 0, "t1", &evs, None).await.unwrap(),
+            Ok(3)
+        );
+        let t = s
+            .takeover(&id, &me, "b/1", "owner_lost", "lost", 60)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((t.epoch, t.head, t.aborted), (2, 5, 1));
+        assert_eq!(
+            s.append(&id, &me, 3, "t2", &[msg(0)], None).await.unwrap(),
+            Err(Refused::Fenced { epoch: 2, head: 5 })
+        );
+        let all = read_all(&s, &id, 0).await;
+        assert_eq!(
+            all.iter().map(|e| (e.seq, e.epoch)).collect::<Vec<_>>(),
+            vec![(1, 1), (2, 1), (3, 1), (4, 2), (5, 2)]
+        );
+    }
+    assert!(
+        slots.len() >= 2,
+        "sessions landed on more than one primary: {slots:?}"
+    );
 }

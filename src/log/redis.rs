@@ -28,8 +28,9 @@
 //! serves come from one snapshot, on whichever replica runs it.
 
 use bytes::Bytes;
-use redis::aio::ConnectionManager;
-use redis::{Script, Value};
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::{RedisFuture, Script, Value};
 
 use super::cursor::{EpochRange, LogRanges, SessionId};
 use super::event::{Event, Kind, NewEvent, StreamTag};
@@ -280,6 +281,75 @@ end
 return {m[1], m[2], m[3], m[4], m[5], m[6] or '', m[7] or '', oldest, evs}
 "#;
 
+/// `recreate_lost`. KEYS: record, stream, doorbell. ARGV: owner, the epoch Redis lost, the head
+/// the owner had, reason, message, code, retain secs, then per request the owner holds in
+/// flight: its canonical id and tag. Only where the record is gone: a new record, ended, whose
+/// one epoch (lost + 1) holds a -32091 for each of those requests and the end marker — every id
+/// of the lost epochs now answers `unknown_epoch`, never another event.
+const RECREATE_LOST: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'EXISTS'} end
+local epoch = tonumber(ARGV[2]) + 1
+local e = string.format('%d', epoch)
+local head = tonumber(ARGV[3])
+local first = head + 1
+local msg = cjson.encode(ARGV[5])
+local data = cjson.encode({reason = ARGV[4]})
+for i = 8, #ARGV, 2 do
+  head = head + 1
+  local kind = '0'
+  if tonumber(ARGV[i + 1]) >= 2 then kind = '2' end
+  local body = '{"jsonrpc":"2.0","id":' .. ARGV[i] .. ',"error":{"code":' .. ARGV[6] ..
+               ',"message":' .. msg .. ',"data":' .. data .. '}}'
+  redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', e, 't', ARGV[i + 1], 'k', kind,
+             'd', body)
+end
+head = head + 1
+redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', e, 't', '0', 'k', '3', 'd', data)
+local now = redis.call('TIME')
+local ep = cjson.encode({{epoch = epoch, first = first, last = cjson.null}})
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', e, 'head', string.format('%d', head),
+           'state', 'ended', 'ep', ep, 'meta', '{}', 'bt', '', 'lost', ARGV[2],
+           'end_reason', ARGV[4], 'ended_unix', now[1])
+redis.call('EXPIRE', KEYS[1], ARGV[7])
+redis.call('EXPIRE', KEYS[2], ARGV[7])
+redis.call('SPUBLISH', KEYS[3], e .. ':' .. string.format('%d', head))
+return {'OK', e, string.format('%d', head)}
+"#;
+
+/// `heartbeat`. KEYS: the nodes' lease zset, their address hash. ARGV: the node
+/// (`<replica>/<incarnation>`), lease ms, its internal address, `1` to register (first beat).
+/// Extends the lease to Redis's now + lease; a node no longer listed (reaped) is told so
+/// rather than listed again.
+const HEARTBEAT: &str = r#"
+if ARGV[4] ~= '1' and not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return {'REAPED'} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expiry = now + tonumber(ARGV[2])
+redis.call('ZADD', KEYS[1], string.format('%d', expiry), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+return {'OK', string.format('%d', expiry)}
+"#;
+
+/// `claim`. KEYS: the nodes' lease zset, their address hash. ARGV: a node. Removes it only if its
+/// lease has lapsed on Redis's clock: the one reaper that gets `OK` takes its sessions over.
+const CLAIM: &str = r#"
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score then return {'GONE'} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(score) > now then return {'ALIVE'} end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return {'OK'}
+"#;
+
+/// `lapsed` (read-only). KEYS: the nodes' lease zset. The nodes whose lease has lapsed.
+const LAPSED: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('(%d', now))
+"#;
+
 /// The scripts, loaded once (`EVALSHA`, reloaded on `NOSCRIPT` after a Redis restart).
 struct Scripts {
     create: Script,
@@ -288,6 +358,10 @@ struct Scripts {
     end: Script,
     takeover: Script,
     read: Script,
+    recreate_lost: Script,
+    heartbeat: Script,
+    claim: Script,
+    lapsed: Script,
 }
 
 impl Scripts {
@@ -300,6 +374,10 @@ impl Scripts {
             end: fenced(END),
             takeover: Script::new(TAKEOVER),
             read: Script::new(READ),
+            recreate_lost: Script::new(RECREATE_LOST),
+            heartbeat: Script::new(HEARTBEAT),
+            claim: Script::new(CLAIM),
+            lapsed: Script::new(LAPSED),
         }
     }
 }
@@ -313,9 +391,47 @@ struct Keys {
     doorbell: String,
 }
 
-/// The shared log's client: one multiplexed connection (reconnecting) to a Redis primary.
+/// One connection to a single Redis (reconnecting) or to a Redis Cluster (routing each command by
+/// its first key's slot: a session's keys share one).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The shared log's client: one multiplexed connection to a Redis primary, or to a Cluster.
 pub struct Shared {
-    conn: ConnectionManager,
+    conn: Conn,
+    /// The primaries' URLs (one for a single Redis), for what must be asked of each.
+    primaries: Vec<String>,
     prefix: String,
     scripts: Scripts,
 }
@@ -324,20 +440,48 @@ impl std::fmt::Debug for Shared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Shared")
             .field("prefix", &self.prefix)
+            .field("primaries", &self.primaries)
             .finish_non_exhaustive()
     }
 }
 
 impl Shared {
-    /// Connects to `url` (`redis://` or `rediss://`); every key starts with `prefix`.
+    /// Connects to `url` (`redis://` or `rediss://`); every key starts with `prefix`. Whether the
+    /// server is one node of a Redis Cluster is asked of the server (`INFO cluster`): `url` may
+    /// name any node.
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, SharedError> {
         let client = redis::Client::open(url)?;
-        let conn = ConnectionManager::new(client).await?;
+        let mut probe = client.get_multiplexed_async_connection().await?;
+        let info: String = redis::cmd("INFO")
+            .arg("cluster")
+            .query_async(&mut probe)
+            .await?;
+        let (conn, primaries) = if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+            let nodes: String = redis::cmd("CLUSTER")
+                .arg("NODES")
+                .query_async(&mut probe)
+                .await?;
+            let primaries = cluster_primaries(url, &nodes);
+            let cluster = redis::cluster::ClusterClient::new(vec![url])?;
+            (
+                Conn::Cluster(cluster.get_async_connection().await?),
+                primaries,
+            )
+        } else {
+            let single = ConnectionManager::new(client).await?;
+            (Conn::Single(single), vec![url.to_string()])
+        };
         Ok(Shared {
             conn,
+            primaries,
             prefix: prefix.to_string(),
             scripts: Scripts::new(),
         })
+    }
+
+    /// Whether this is a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
     }
 
     fn keys(&self, id: &SessionId) -> Keys {
@@ -356,21 +500,42 @@ impl Shared {
         self.keys(id).doorbell
     }
 
-    /// The server's persistence settings.
-    pub async fn persistence(&self) -> Result<Persistence, SharedError> {
-        Ok(Persistence {
-            appendonly: self.config_get("appendonly").await?,
-            appendfsync: self.config_get("appendfsync").await?,
-        })
+    /// The persistence settings of each primary (one for a single Redis), with its URL.
+    pub async fn persistence(&self) -> Result<Vec<(String, Persistence)>, SharedError> {
+        let mut all = Vec::with_capacity(self.primaries.len());
+        for url in &self.primaries {
+            let mut c = redis::Client::open(url.as_str())?
+                .get_multiplexed_async_connection()
+                .await?;
+            let mut get = async |name: &str| -> Result<String, SharedError> {
+                let v: Vec<String> = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg(name)
+                    .query_async(&mut c)
+                    .await?;
+                Ok(v.get(1).cloned().unwrap_or_default())
+            };
+            let appendonly = get("appendonly").await?;
+            let appendfsync = get("appendfsync").await?;
+            all.push((
+                url.clone(),
+                Persistence {
+                    appendonly,
+                    appendfsync,
+                },
+            ));
+        }
+        Ok(all)
     }
 
-    async fn config_get(&self, name: &str) -> Result<String, SharedError> {
-        let v: Vec<String> = redis::cmd("CONFIG")
-            .arg("GET")
-            .arg(name)
-            .query_async(&mut self.conn.clone())
-            .await?;
-        Ok(v.get(1).cloned().unwrap_or_default())
+    /// Why `durability = "fsync"` cannot hold on these servers, naming the first primary at
+    /// fault and its setting; `None` when every primary fsyncs before it replies.
+    pub async fn fsync_refusal(&self) -> Result<Option<String>, SharedError> {
+        Ok(self
+            .persistence()
+            .await?
+            .into_iter()
+            .find_map(|(url, p)| p.fsync_refusal().map(|why| format!("{url}: {why}"))))
     }
 
     /// Creates the record of `id`, owned by `owner` in epoch 1; `Ok(false)` when it exists.
@@ -545,6 +710,155 @@ impl Shared {
         }))
     }
 
+    /// Where the record of `id` is gone but its owner still holds the session (Redis lost it):
+    /// writes a new, ended record whose one epoch (`lost_epoch` + 1, after `head`) answers each
+    /// request in `inflight` -32091 and holds the end marker. `Ok(false)` when a record exists.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn recreate_lost(
+        &self,
+        id: &SessionId,
+        owner: &str,
+        lost_epoch: u32,
+        head: u64,
+        inflight: &[(String, StreamTag)],
+        reason: &str,
+        message: &str,
+        retain_secs: u64,
+    ) -> Result<bool, SharedError> {
+        let k = self.keys(id);
+        let mut inv = self.scripts.recreate_lost.prepare_invoke();
+        inv.key(&k.record)
+            .key(&k.stream)
+            .key(&k.doorbell)
+            .arg(owner)
+            .arg(lost_epoch)
+            .arg(head)
+            .arg(reason)
+            .arg(message)
+            .arg(crate::jsonrpc::INFLIGHT_ABORTED)
+            .arg(retain_secs.max(1));
+        for (req, tag) in inflight {
+            inv.arg(req).arg(tag.0);
+        }
+        let r: Vec<String> = inv.invoke_async(&mut self.conn.clone()).await?;
+        match r.first().map(String::as_str) {
+            Some("OK") => Ok(true),
+            Some("EXISTS") => Ok(false),
+            _ => Err(SharedError::Reply(format!("{r:?}"))),
+        }
+    }
+
+    fn nodes(&self) -> (String, String) {
+        let k = format!("{}:{{nodes}}", self.prefix);
+        (k.clone(), format!("{k}:addr"))
+    }
+
+    /// Renews the lease of `node` (`<replica>/<incarnation>`) to Redis's now + `lease_ms`, with
+    /// its internal `addr`; `register` for its first beat. `Ok(None)` when it was reaped (its
+    /// sessions taken over): it must close its upstreams and come back as a new incarnation.
+    /// Otherwise the lease's end, in Redis ms.
+    pub async fn heartbeat(
+        &self,
+        node: &str,
+        lease_ms: u64,
+        addr: &str,
+        register: bool,
+    ) -> Result<Option<u64>, SharedError> {
+        let (zset, addrs) = self.nodes();
+        let r: Vec<String> = self
+            .scripts
+            .heartbeat
+            .key(&zset)
+            .key(&addrs)
+            .arg(node)
+            .arg(lease_ms)
+            .arg(addr)
+            .arg(if register { "1" } else { "0" })
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        match (r.first().map(String::as_str), r.get(1)) {
+            (Some("REAPED"), _) => Ok(None),
+            (Some("OK"), Some(t)) => t
+                .parse()
+                .map(Some)
+                .map_err(|_| SharedError::Reply(format!("{r:?}"))),
+            _ => Err(SharedError::Reply(format!("{r:?}"))),
+        }
+    }
+
+    /// The nodes whose lease has lapsed on Redis's clock.
+    pub async fn lapsed(&self) -> Result<Vec<String>, SharedError> {
+        let (zset, _) = self.nodes();
+        Ok(self
+            .scripts
+            .lapsed
+            .key(&zset)
+            .invoke_async(&mut self.conn.clone())
+            .await?)
+    }
+
+    /// Claims a node whose lease has lapsed, for the caller to take its sessions over: `true`
+    /// for the one claimer that removed it, `false` when it is alive again or claimed already.
+    pub async fn claim(&self, node: &str) -> Result<bool, SharedError> {
+        let (zset, addrs) = self.nodes();
+        let r: Vec<String> = self
+            .scripts
+            .claim
+            .key(&zset)
+            .key(&addrs)
+            .arg(node)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        match r.first().map(String::as_str) {
+            Some("OK") => Ok(true),
+            Some("ALIVE") | Some("GONE") => Ok(false),
+            _ => Err(SharedError::Reply(format!("{r:?}"))),
+        }
+    }
+
+    /// The internal address `node` last announced.
+    pub async fn node_addr(&self, node: &str) -> Result<Option<String>, SharedError> {
+        let (_, addrs) = self.nodes();
+        Ok(redis::cmd("HGET")
+            .arg(addrs)
+            .arg(node)
+            .query_async(&mut self.conn.clone())
+            .await?)
+    }
+
+    fn owned_key(&self, node: &str) -> String {
+        format!("{}:{{{node}}}:owned", self.prefix)
+    }
+
+    /// Notes that `node` owns `id` — before the record is created, so the set is a superset and
+    /// a reaper finds every session a dead node may have left.
+    pub async fn own(&self, node: &str, id: &SessionId) -> Result<(), SharedError> {
+        let _: i64 = redis::cmd("SADD")
+            .arg(self.owned_key(node))
+            .arg(id.to_string())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// The sessions `node` noted as its own.
+    pub async fn owned(&self, node: &str) -> Result<Vec<SessionId>, SharedError> {
+        let ids: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.owned_key(node))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(ids.iter().filter_map(|i| SessionId::parse(i)).collect())
+    }
+
+    /// Forgets `node`'s set (after every session in it was taken over).
+    pub async fn disown_all(&self, node: &str) -> Result<(), SharedError> {
+        let _: i64 = redis::cmd("DEL")
+            .arg(self.owned_key(node))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
     /// The record of `id` and up to `max` of its events after seq `after` (up to the head), from
     /// one snapshot; `None` when there is no record.
     pub async fn read(
@@ -590,6 +904,29 @@ fn answer(r: &[String]) -> Result<Result<&[String], Refused>, SharedError> {
         }),
         _ => return Err(bad()),
     })
+}
+
+/// The `redis://` URLs of the primaries a `CLUSTER NODES` answer lists, with the scheme and
+/// credentials of `url` (the node it was asked of).
+fn cluster_primaries(url: &str, nodes: &str) -> Vec<String> {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("redis", url));
+    let auth = rest
+        .split_once('@')
+        .map(|(a, _)| format!("{a}@"))
+        .unwrap_or_default();
+    nodes
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let flags = f.get(2)?;
+            if !flags.split(',').any(|x| x == "master") || flags.contains("fail") {
+                return None;
+            }
+            // `ip:port@cport[,hostname]`
+            let addr = f.get(1)?.split('@').next()?;
+            Some(format!("{scheme}://{auth}{addr}"))
+        })
+        .collect()
 }
 
 /// An answer whose `OK` carries the new head.

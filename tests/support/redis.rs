@@ -115,3 +115,94 @@ impl RedisServer {
             .unwrap()
     }
 }
+
+/// A port `p` below 22768 with its cluster bus port `p + 10000` free too (both below 32768).
+fn cluster_port() -> u16 {
+    loop {
+        let p = port();
+        if p < 22768 && std::net::TcpListener::bind(("127.0.0.1", p + 10000)).is_ok() {
+            return p;
+        }
+    }
+}
+
+/// A Redis Cluster of three primaries on loopback (no replicas), each with `appendfsync always`.
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    dirs: Vec<tempfile::TempDir>,
+    procs: Vec<Proc>,
+}
+
+impl RedisCluster {
+    /// Starts three nodes, joins them (`redis-cli --cluster create`) and waits for `cluster_state:ok`.
+    pub async fn start() -> RedisCluster {
+        let mut c = RedisCluster {
+            ports: Vec::new(),
+            dirs: Vec::new(),
+            procs: Vec::new(),
+        };
+        for _ in 0..3 {
+            let port = cluster_port();
+            let dir = tempfile::tempdir().unwrap();
+            let mut cmd = Command::new(redis_server_bin());
+            cmd.arg("--port")
+                .arg(port.to_string())
+                .args(["--bind", "127.0.0.1", "--protected-mode", "yes"])
+                .arg("--dir")
+                .arg(dir.path())
+                .args(["--save", "", "--daemonize", "no", "--loglevel", "warning"])
+                .args(["--appendonly", "yes", "--appendfsync", "always"])
+                .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "2000"]);
+            c.procs.push(Proc::spawn("redis-server (cluster)", cmd));
+            c.ports.push(port);
+            c.dirs.push(dir);
+        }
+        for p in &c.ports {
+            tokio::time::timeout(WAIT, wait_port(*p))
+                .await
+                .expect("cluster node listens");
+        }
+        let cli = ["/usr/bin/redis-cli", "/usr/local/bin/redis-cli"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("test peer missing: redis-cli (redis-tools) — run scripts/install-peers");
+        let mut create = Command::new(cli);
+        create.args(["--cluster", "create"]);
+        for p in &c.ports {
+            create.arg(format!("127.0.0.1:{p}"));
+        }
+        create.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        let out = create.output().expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = tokio::time::Instant::now() + WAIT;
+        for p in &c.ports {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{p}")).unwrap();
+            let mut con = client.get_multiplexed_async_connection().await.unwrap();
+            loop {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                if info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "cluster never ok: {info}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        c
+    }
+
+    /// The URL of node `i`.
+    pub fn url(&self, i: usize) -> String {
+        format!("redis://127.0.0.1:{}", self.ports[i])
+    }
+}
