@@ -14,7 +14,7 @@ use tokio::task::JoinHandle;
 use crate::admin::Admin;
 use crate::config::Config;
 use crate::domain::EndReason;
-use crate::facade::modern::Modern;
+use crate::facade::modern::{Modern, TaskSlots};
 use crate::facade::{Ctx, FaceConfig};
 use crate::listener;
 use crate::log::{Health, Log, Recovery};
@@ -172,13 +172,13 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         keepalive: cfg.sessions.keepalive(),
         drain: drain.watch(),
     };
-    let modern = Modern::new(
-        cfg.modern.clone(),
-        cfg.tasks.clone(),
-        cfg.sessions.max_sessions,
-        upstream,
-        &env,
-    );
+    let sessions = registry.clone();
+    let slots = TaskSlots {
+        max: cfg.sessions.max_sessions,
+        sessions: Arc::new(move || sessions.held()),
+        running: registry.task_counter(),
+    };
+    let modern = Modern::new(cfg.modern.clone(), cfg.tasks.clone(), slots, upstream, &env);
     let modern_janitor = tokio::spawn(modern.clone().janitor(stop_rx.clone()));
     let faces = FaceConfig {
         listen: cfg.listen.clone(),

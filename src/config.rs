@@ -78,6 +78,11 @@ pub struct ListenConfig {
     pub addr: String,
     /// Most client connections served at once; further accepts wait.
     pub max_connections: usize,
+    /// Most requests and streams one caller may have open at once (listens, SSE streams, calls
+    /// in flight; the caller as quotas see it: a verified identity, else its address), so one
+    /// caller cannot take every connection slot; further ones get 503 `capacity`. `0` (the
+    /// default): half of `max_connections`.
+    pub max_connections_per_identity: usize,
     /// Seconds a request body may take to arrive completely, from the end of its head; a slower
     /// body is answered 408 and its connection closed, so it cannot hold a connection slot longer.
     pub body_timeout_secs: u64,
@@ -210,6 +215,7 @@ impl Default for ListenConfig {
         Self {
             addr: "127.0.0.1:8080".into(),
             max_connections: 10_000,
+            max_connections_per_identity: 0,
             body_timeout_secs: 30,
             max_body_bytes_in_flight: 64 * 1024 * 1024,
             allowed_origins: Vec::new(),
@@ -668,6 +674,15 @@ impl UpstreamConfig {
 }
 
 impl ListenConfig {
+    /// `listen.max_connections_per_identity`, its default (`0`) resolved: half of
+    /// `max_connections`.
+    pub fn per_identity_connections(&self) -> usize {
+        match self.max_connections_per_identity {
+            0 => (self.max_connections / 2).max(1),
+            n => n,
+        }
+    }
+
     /// How long a request body may take to arrive (`listen.body_timeout_secs`).
     pub fn body_timeout(&self) -> Duration {
         Duration::from_secs(self.body_timeout_secs)

@@ -114,6 +114,14 @@ impl Keyring {
         Identity(self.mac(b"identity", &material))
     }
 
+    /// What an anonymous caller at `peer` is bound by (its 2026-07-28 tasks): anonymous callers
+    /// are their address (design.md §11b), keyed like every other identity.
+    pub fn peer(&self, peer: std::net::IpAddr) -> Identity {
+        let mut material = b"peer:".to_vec();
+        material.extend_from_slice(peer.to_string().as_bytes());
+        Identity(self.mac(b"identity", &material))
+    }
+
     /// The identity of a client certificate alone (digest `c`): what the TLS handshake verified,
     /// whatever identity headers ride with it.
     pub fn certificate(&self, c: &[u8; 32]) -> Identity {

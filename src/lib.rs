@@ -39,7 +39,8 @@
 //! Around it: [`domain`] (the vocabulary the others share), [`config`] (every section, the
 //! 2026-07-28 face's and `[auth]` included: it imports no component, only the leaves [`tls`] and
 //! [`jwt`] whose file checks its validation runs), [`metrics`], [`admin`],
-//! [`shutdown`], [`app`] (wiring), [`sse`] (decoder/encoder), [`jsonrpc`] (routing fields, error
+//! [`shutdown`], [`app`] (wiring), [`sse`] (decoder/encoder), `queue` (queues bounded in items and
+//! bytes), [`jsonrpc`] (routing fields, error
 //! bodies, and the one table of JSON-RPC codes of all faces), [`identity`] and [`jwt`] (who a
 //! caller is), [`echo`] (client values cut before they are echoed), [`demo`] and [`inspect`].
 
@@ -74,6 +75,7 @@ mod listener;
 pub mod log;
 pub mod metrics;
 pub use facade::modern;
+mod queue;
 #[doc(hidden)]
 pub mod session;
 pub mod shutdown;

@@ -576,6 +576,8 @@ pub struct Registry {
     cfg: SessionsConfig,
     upstream: UpstreamSettings,
     client: HttpClient,
+    /// The 2026-07-28 face's running tasks: they count against `sessions.max_sessions` too.
+    tasks: Arc<AtomicUsize>,
     live: Mutex<HashMap<SessionId, Arc<Session>>>,
     /// Sessions being opened: slots taken before their upstream connect (see [`Slot`]).
     opening: AtomicUsize,
@@ -667,6 +669,7 @@ impl Registry {
             client,
             upstream,
             cfg,
+            tasks: Arc::new(AtomicUsize::new(0)),
             log,
             metrics,
             live: Mutex::new(HashMap::new()),
@@ -687,6 +690,19 @@ impl Registry {
     /// Number of live sessions.
     pub fn live_count(&self) -> usize {
         self.lock().len()
+    }
+
+    /// Sessions live or being opened: what counts against `sessions.max_sessions` besides the
+    /// running tasks.
+    pub fn held(&self) -> usize {
+        let live = self.lock();
+        live.len() + self.opening.load(Ordering::SeqCst)
+    }
+
+    /// Where the 2026-07-28 face publishes its running tasks, which count against
+    /// `sessions.max_sessions` with the sessions.
+    pub fn task_counter(&self) -> Arc<AtomicUsize> {
+        self.tasks.clone()
     }
 
     /// Opens a new session: takes a slot (making room if needed), connects upstream, creates the
@@ -813,7 +829,11 @@ impl Registry {
                     )));
                 };
                 Some(v)
-            } else if live.len() + self.opening.load(Ordering::SeqCst) < max {
+            } else if live.len()
+                + self.opening.load(Ordering::SeqCst)
+                + self.tasks.load(Ordering::SeqCst)
+                < max
+            {
                 None
             } else {
                 // Full: evict from the owner holding the most sessions, its longest-idle one, so
@@ -826,17 +846,24 @@ impl Registry {
                 // The opener weighs what it will hold once its opens succeed (this one
                 // included), and goes first among equals: a flood that has grown as large as
                 // another owner's share evicts its own sessions, never that owner's.
-                *counts.entry(owner).or_default() += owners.get(&owner).copied().unwrap_or(0) + 1;
+                let mine = owners.get(&owner).copied().unwrap_or(0) + 1;
+                *counts.entry(owner).or_default() += mine;
+                let mine = counts[&owner];
                 let mut by_weight: Vec<(usize, Owner)> =
                     counts.into_iter().map(|(o, n)| (n, o)).collect();
                 by_weight.sort_by_key(|&(n, o)| (std::cmp::Reverse(n), o != owner));
+                // Only an owner at least as heavy as the opener gives up a session: a flood
+                // whose own sessions all have clients attached is refused, never paid for with
+                // a lighter owner's idle sessions.
                 let v = by_weight
                     .iter()
+                    .take_while(|(n, _)| *n >= mine)
                     .find_map(|(_, o)| longest_idle(live.values().filter(|s| s.owner == *o)));
                 let Some(v) = v else {
                     return Err(Error::Capacity(format!(
-                        "{} live sessions, all with clients attached (sessions.max_sessions)",
-                        live.len()
+                        "{} live sessions, all with clients attached, and {} running tasks (sessions.max_sessions)",
+                        live.len(),
+                        self.tasks.load(Ordering::SeqCst)
                     )));
                 };
                 Some(v)

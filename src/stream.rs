@@ -84,14 +84,24 @@ pub struct StreamEnv {
 
 /// The response body of a client SSE stream: frames from the cursor task.
 pub struct SseBody {
-    rx: mpsc::Receiver<Bytes>,
+    rx: Frames,
     _gauge: GaugeGuard,
+    /// What the stream holds while it lives (its caller's slot of
+    /// `listen.max_connections_per_identity`).
+    _hold: Option<Box<dyn Send + Sync>>,
 }
 
 impl std::fmt::Debug for SseBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SseBody").finish_non_exhaustive()
     }
+}
+
+/// Where a stream's frames come from: a log cursor (its packs bounded by `PACK_BYTES`), or a
+/// queue bounded in bytes (the 2026-07-28 face's streams).
+enum Frames {
+    Cursor(mpsc::Receiver<Bytes>),
+    Queue(crate::queue::Rx<Bytes>),
 }
 
 struct GaugeGuard(IntGauge);
@@ -105,12 +115,18 @@ impl Drop for GaugeGuard {
 impl SseBody {
     /// A body whose frames come from `rx` (streams that are not log cursors: the 2026-07-28
     /// face's request and listen streams). `gauge` counts it while it lives.
-    pub fn from_channel(rx: mpsc::Receiver<Bytes>, gauge: IntGauge) -> Self {
+    pub fn from_queue(rx: crate::queue::Rx<Bytes>, gauge: IntGauge) -> Self {
         gauge.inc();
         Self {
-            rx,
+            rx: Frames::Queue(rx),
             _gauge: GaugeGuard(gauge),
+            _hold: None,
         }
+    }
+
+    /// Keeps `guard` until the stream ends.
+    pub fn hold(&mut self, guard: Box<dyn Send + Sync>) {
+        self._hold = Some(guard);
     }
 }
 
@@ -122,7 +138,11 @@ impl Body for SseBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
+        let next = match &mut self.rx {
+            Frames::Cursor(rx) => rx.poll_recv(cx),
+            Frames::Queue(rx) => rx.poll_recv(cx),
+        };
+        next.map(|o| o.map(|b| Ok(Frame::data(b))))
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -137,8 +157,9 @@ pub fn spawn(spec: StreamSpec, env: StreamEnv) -> SseBody {
     let (tx, rx) = mpsc::channel(CHANNEL_FRAMES);
     tokio::spawn(run(spec, env, tx));
     SseBody {
-        rx,
+        rx: Frames::Cursor(rx),
         _gauge: GaugeGuard(gauge),
+        _hold: None,
     }
 }
 

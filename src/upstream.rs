@@ -44,11 +44,13 @@ pub enum UpstreamError {
     /// The stream ended before the `endpoint` event.
     #[error("the upstream's stream ended before its `endpoint` event")]
     NoEndpoint,
-    /// The `endpoint` event is not a usable URL.
-    #[error("the upstream's `endpoint` event is not a usable URL ({0})")]
+    /// The `endpoint` event is not a usable URL (the value says why; it is logged, never put in
+    /// a client's answer: it may name the upstream's internals).
+    #[error("the upstream's `endpoint` event is not a usable URL")]
     BadEndpoint(String),
-    /// The `endpoint` event names an origin nobody allowed.
-    #[error("the upstream's `endpoint` event names origin {origin}, which is neither upstream.sse_url's nor in upstream.allowed_endpoint_origins")]
+    /// The `endpoint` event names an origin nobody allowed (logged where it is found; a client's
+    /// answer never names it).
+    #[error("the upstream's `endpoint` event names an origin that is neither upstream.sse_url's nor in upstream.allowed_endpoint_origins")]
     EndpointRejected {
         /// The origin it named.
         origin: String,
@@ -371,14 +373,17 @@ pub async fn connect(
                 None => return Err(UpstreamError::NoEndpoint),
                 Some(UpstreamItem::Event(ev)) if ev.event.as_deref() == Some("endpoint") => {
                     let data = String::from_utf8_lossy(&ev.data);
-                    let uri =
-                        resolve(&set.sse_url, data.trim()).map_err(UpstreamError::BadEndpoint)?;
+                    let uri = resolve(&set.sse_url, data.trim()).map_err(|why| {
+                        tracing::error!(%why, "the upstream's `endpoint` event is not a usable URL");
+                        UpstreamError::BadEndpoint(why)
+                    })?;
                     let origin = origin_of(
                         uri.scheme_str() == Some("https"),
                         uri.authority().map_or("", |a| a.as_str()),
                     );
                     if !set.endpoint_allowed(&origin) {
                         // Client bodies (with their secrets) go only where the operator said.
+                        tracing::error!(%origin, "the upstream's `endpoint` event names an origin that is neither upstream.sse_url's nor in upstream.allowed_endpoint_origins");
                         return Err(UpstreamError::EndpointRejected { origin });
                     }
                     let link = UpstreamLink {

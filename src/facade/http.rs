@@ -2,6 +2,7 @@
 //! request bodies (size, time and memory bounds), and responses (plain bodies, JSON-RPC error
 //! bodies from [`Error::answer`], the §4 refusal, SSE). It imports no face.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use crate::jsonrpc;
 use crate::log::cursor::{Cursor, Refusal, SessionId};
 use crate::log::{Log, SessionLog};
 use crate::metrics::Metrics;
+use crate::session::Owner;
 use crate::stream::SseBody;
 
 /// Protocol versions accepted in `MCP-Protocol-Version` by the sessionful face (the TypeScript
@@ -104,6 +106,72 @@ pub const MAX_BODY: usize = 4 * 1024 * 1024;
 pub type ProxyBody = Either<Full<Bytes>, SseBody>;
 /// A response.
 pub type Resp = Response<ProxyBody>;
+
+/// Requests and streams each owner may have open at once (`listen.max_connections_per_identity`),
+/// so one caller's listens, streams and calls cannot take every slot of
+/// `listen.max_connections`.
+#[derive(Debug)]
+pub struct StreamCaps {
+    per_owner: usize,
+    held: Arc<std::sync::Mutex<HashMap<Owner, usize>>>,
+}
+
+/// One owner's slot in [`StreamCaps`], given back on drop (by the request, or by its response's
+/// stream when it ends).
+#[derive(Debug)]
+pub struct StreamSlot {
+    owner: Owner,
+    held: Arc<std::sync::Mutex<HashMap<Owner, usize>>>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = h.get_mut(&self.owner) {
+            *n -= 1;
+            if *n == 0 {
+                h.remove(&self.owner);
+            }
+        }
+    }
+}
+
+impl StreamCaps {
+    /// At most `per_owner` at once per owner.
+    pub fn new(per_owner: usize) -> Self {
+        StreamCaps {
+            per_owner,
+            held: Arc::default(),
+        }
+    }
+
+    /// A slot for `owner`; `None` when it holds all of its own. Callers the proxy cannot tell
+    /// apart ([`Owner::Unknown`]: in-process) are not capped.
+    pub fn take(&self, owner: Owner) -> Option<Option<StreamSlot>> {
+        if owner == Owner::Unknown {
+            return Some(None);
+        }
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = h.entry(owner).or_default();
+        if *n >= self.per_owner {
+            return None;
+        }
+        *n += 1;
+        Some(Some(StreamSlot {
+            owner,
+            held: self.held.clone(),
+        }))
+    }
+}
+
+/// `resp` with `slot` held by its stream until the stream ends; a response that is not a stream
+/// gives the slot back now.
+pub fn holding(mut resp: Resp, slot: Option<StreamSlot>) -> Resp {
+    if let (Either::Right(body), Some(slot)) = (resp.body_mut(), slot) {
+        body.hold(Box::new(slot));
+    }
+    resp
+}
 
 /// A plain response with a fixed body.
 pub fn plain(status: u16, content_type: &str, body: impl Into<Bytes>) -> Resp {
@@ -311,11 +379,15 @@ pub fn close(mut resp: Resp) -> Resp {
     resp
 }
 
-/// Room for client bodies held in memory at once, in KiB (`listen.max_body_bytes_in_flight`).
+/// Room for client bodies held in memory at once, in KiB (`listen.max_body_bytes_in_flight`),
+/// and each owner's share of it: a quarter, or one body at the limit if that is more — so one
+/// caller sending bodies slowly cannot hold the room every other caller's POST waits for.
 #[derive(Debug, Clone)]
 pub struct BodyBudget {
     room: Arc<Semaphore>,
     kib: usize,
+    share_kib: usize,
+    held: Arc<std::sync::Mutex<HashMap<Owner, usize>>>,
 }
 
 impl BodyBudget {
@@ -325,6 +397,51 @@ impl BodyBudget {
         Self {
             room: Arc::new(Semaphore::new(kib)),
             kib,
+            share_kib: (kib / 4).max(self::kib(MAX_BODY)),
+            held: Arc::default(),
+        }
+    }
+
+    /// Counts `more` KiB to `owner`'s share (in `share`); `false` when that would pass it.
+    fn claim(&self, owner: Owner, more: usize, share: &mut Option<Share>) -> bool {
+        if owner == Owner::Unknown {
+            return true;
+        }
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let n = h.entry(owner).or_default();
+        if *n + more > self.share_kib {
+            if *n == 0 {
+                h.remove(&owner);
+            }
+            return false;
+        }
+        *n += more;
+        share
+            .get_or_insert_with(|| Share {
+                owner,
+                kib: 0,
+                held: self.held.clone(),
+            })
+            .kib += more;
+        true
+    }
+}
+
+/// What one body counts to its owner's share of the budget; given back on drop.
+struct Share {
+    owner: Owner,
+    kib: usize,
+    held: Arc<std::sync::Mutex<HashMap<Owner, usize>>>,
+}
+
+impl Drop for Share {
+    fn drop(&mut self) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = h.get_mut(&self.owner) {
+            *n = n.saturating_sub(self.kib);
+            if *n == 0 {
+                h.remove(&self.owner);
+            }
         }
     }
 }
@@ -338,7 +455,8 @@ impl BodyBudget {
 /// whatever `listen.max_connections` admits. A body's first bytes wait for room; a body that
 /// already holds some and finds no more is refused at once ([`BodyError::Busy`]), so that
 /// half-read bodies never wait on each other. A budget smaller than `limit` still admits one
-/// body at a time.
+/// body at a time. What one `owner` holds at once stays within its share ([`BodyBudget`]):
+/// past it, [`BodyError::Busy`] at once.
 ///
 /// # Errors
 /// [`BodyError::TooLarge`] over the limit; [`BodyError::Timeout`] when it did not arrive in time;
@@ -349,6 +467,7 @@ pub async fn read_body<B>(
     limit: usize,
     timeout: Duration,
     budget: &BodyBudget,
+    owner: Owner,
 ) -> Result<Bytes, BodyError>
 where
     B: Body<Data = Bytes>,
@@ -361,6 +480,7 @@ where
         let mut body = std::pin::pin!(body);
         let (mut parts, mut len) = (Vec::new(), 0usize);
         let mut room: Option<OwnedSemaphorePermit> = None;
+        let mut share: Option<Share> = None;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| BodyError::Aborted(e.into().to_string()))?;
             let Ok(data) = frame.into_data() else {
@@ -373,6 +493,9 @@ where
             let held = room.as_ref().map_or(0, |r| r.num_permits());
             let need = kib(len).min(budget.kib).saturating_sub(held);
             let more = u32::try_from(need).unwrap_or(u32::MAX);
+            if need > 0 && !budget.claim(owner, need, &mut share) {
+                return Err(BodyError::Busy);
+            }
             match &mut room {
                 _ if need == 0 => {}
                 // The first bytes wait for room (holding none).
@@ -394,15 +517,19 @@ where
             1 => parts.pop().expect("one"),
             _ => Bytes::from(parts.concat()),
         };
-        Ok((bytes, room))
+        Ok((bytes, room, share))
     };
     match tokio::time::timeout(timeout, read).await {
         // Out of time while the budget is full: no room, rather than a slow client.
         Err(_) if budget.room.available_permits() == 0 => Err(BodyError::Busy),
         Err(_) => Err(BodyError::Timeout),
         Ok(Err(e)) => Err(e),
-        Ok(Ok((bytes, None))) => Ok(bytes),
-        Ok(Ok((bytes, Some(room)))) => Ok(Bytes::from_owner(Held { bytes, _room: room })),
+        Ok(Ok((bytes, None, _))) => Ok(bytes),
+        Ok(Ok((bytes, Some(room), share))) => Ok(Bytes::from_owner(Held {
+            bytes,
+            _room: room,
+            _share: share,
+        })),
     }
 }
 
@@ -415,6 +542,7 @@ fn kib(n: usize) -> usize {
 struct Held {
     bytes: Bytes,
     _room: OwnedSemaphorePermit,
+    _share: Option<Share>,
 }
 
 impl AsRef<[u8]> for Held {
@@ -537,12 +665,25 @@ mod tests {
     async fn bodies_hold_their_room_until_dropped() {
         let budget = BodyBudget::new(2048);
         static BIG: [u8; 1500] = [0; 1500];
-        let a = read_body(body(&[&BIG], Then::End, None), 4096, T, &budget)
-            .await
-            .unwrap();
+        let a = read_body(
+            body(&[&BIG], Then::End, None),
+            4096,
+            T,
+            &budget,
+            Owner::Unknown,
+        )
+        .await
+        .unwrap();
         assert_eq!(budget.room.available_permits(), 0, "1500 bytes hold 2 KiB");
         // No room: a second body waits, then is refused (503), though it arrived whole.
-        let b = read_body(body(&[b"x"], Then::End, None), 4096, T, &budget).await;
+        let b = read_body(
+            body(&[b"x"], Then::End, None),
+            4096,
+            T,
+            &budget,
+            Owner::Unknown,
+        )
+        .await;
         assert_eq!(b.unwrap_err(), BodyError::Busy);
         let r = BodyError::Busy.response();
         assert_eq!(r.status(), 503);
@@ -554,13 +695,55 @@ mod tests {
         drop(slice);
         assert_eq!(budget.room.available_permits(), 2);
         // A body larger than the whole budget is still read, alone.
-        let c = read_body(body(&[&BIG, &BIG], Then::End, None), 4096, T, &budget).await;
+        let c = read_body(
+            body(&[&BIG, &BIG], Then::End, None),
+            4096,
+            T,
+            &budget,
+            Owner::Unknown,
+        )
+        .await;
         assert_eq!(c.unwrap().len(), 3000);
+    }
+
+    /// One owner holds at most its share (a quarter, at least one body at the limit): its next
+    /// body is refused at once, while another owner's is read, and the share comes back with the
+    /// bodies.
+    #[tokio::test(start_paused = true)]
+    async fn one_owner_holds_at_most_its_share_of_the_budget() {
+        let budget = BodyBudget::new(64 * MAX_BODY);
+        assert_eq!(budget.share_kib, 16 * kib(MAX_BODY));
+        let big = Box::leak(vec![b'x'; MAX_BODY].into_boxed_slice());
+        let a = Owner::Peer("127.0.0.3".parse().unwrap());
+        let b = Owner::Peer("127.0.0.2".parse().unwrap());
+        let mut held = Vec::new();
+        for _ in 0..16 {
+            let got = read_body(body(&[big], Then::End, None), MAX_BODY, T, &budget, a).await;
+            held.push(got.unwrap());
+        }
+        let more = read_body(body(&[b"x"], Then::End, None), MAX_BODY, T, &budget, a).await;
+        assert_eq!(more.unwrap_err(), BodyError::Busy, "past its share");
+        let other = read_body(body(&[big], Then::End, None), MAX_BODY, T, &budget, b).await;
+        assert_eq!(other.unwrap().len(), MAX_BODY, "another owner has room");
+        held.pop();
+        let again = read_body(body(&[b"x"], Then::End, None), MAX_BODY, T, &budget, a).await;
+        assert_eq!(
+            again.unwrap().len(),
+            1,
+            "a dropped body gives its share back"
+        );
     }
 
     #[tokio::test]
     async fn whole_body_within_limit() {
-        let b = read_body(body(&[b"{\"a\":", b"1}"], Then::End, None), 16, T, &room()).await;
+        let b = read_body(
+            body(&[b"{\"a\":", b"1}"], Then::End, None),
+            16,
+            T,
+            &room(),
+            Owner::Unknown,
+        )
+        .await;
         assert_eq!(b.unwrap(), Bytes::from_static(b"{\"a\":1}"));
     }
 
@@ -572,15 +755,30 @@ mod tests {
             16,
             T,
             &room(),
+            Owner::Unknown,
         )
         .await;
         assert_eq!(b.unwrap_err(), BodyError::TooLarge);
         // Declared up front: refused before reading (the body would stall).
-        let b = read_body(body(&[], Then::Stall, Some(17)), 16, T, &room()).await;
+        let b = read_body(
+            body(&[], Then::Stall, Some(17)),
+            16,
+            T,
+            &room(),
+            Owner::Unknown,
+        )
+        .await;
         assert_eq!(b.unwrap_err(), BodyError::TooLarge);
         assert_eq!(BodyError::TooLarge.response().status(), 413);
         // A client gone mid-body is not "too large".
-        let b = read_body(body(&[b"0123"], Then::Fail, Some(10)), 16, T, &room()).await;
+        let b = read_body(
+            body(&[b"0123"], Then::Fail, Some(10)),
+            16,
+            T,
+            &room(),
+            Owner::Unknown,
+        )
+        .await;
         let e = b.unwrap_err();
         assert!(matches!(e, BodyError::Aborted(_)), "{e:?}");
         assert_ne!(e.response().status(), 413);
@@ -589,7 +787,14 @@ mod tests {
     #[tokio::test]
     async fn a_slow_body_times_out_and_closes() {
         let slow = body(&[b"01"], Then::Stall, Some(10));
-        let b = read_body(slow, 16, Duration::from_millis(200), &room()).await;
+        let b = read_body(
+            slow,
+            16,
+            Duration::from_millis(200),
+            &room(),
+            Owner::Unknown,
+        )
+        .await;
         assert_eq!(b.unwrap_err(), BodyError::Timeout);
         let r = BodyError::Timeout.response();
         assert_eq!(r.status(), 408);

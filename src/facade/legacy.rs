@@ -30,10 +30,15 @@ pub async fn sse(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         Ok(c) => c,
         Err(r) => return *r,
     };
-    match req.headers().get("last-event-id") {
+    let slot = match ctx.stream_slot(&caller) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    let resp = match req.headers().get("last-event-id") {
         None => open(ctx, &caller).await,
         Some(v) => resume(ctx, &caller, v.to_str().unwrap_or("\u{fffd}")).await,
-    }
+    };
+    super::http::holding(resp, slot)
 }
 
 /// `retry` (ms) carried by the endpoint event: an `EventSource` reconnects this soon (with its
@@ -125,7 +130,7 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     let Some(session) = session else {
         return error_response(&Error::UnknownSession, None);
     };
-    let body = match read_client_body(ctx, req.into_body()).await {
+    let body = match read_client_body(ctx, &caller, req.into_body()).await {
         Ok(b) => b,
         Err(r) => return *r,
     };

@@ -9,7 +9,7 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use super::http::{error_response, plain, Caller, LegacyBody, Resp, SUPPORTED_VERSIONS};
+use super::http::{error_response, holding, plain, Caller, LegacyBody, Resp, SUPPORTED_VERSIONS};
 use super::{legacy, modern, read_client_body, streamable, Ctx};
 use crate::error::Error;
 
@@ -37,6 +37,18 @@ pub async fn endpoint(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         Ok(c) => c,
         Err(r) => return *r,
     };
+    // The request, and the stream it may become, count against the caller's share of the
+    // connection slots.
+    let slot = match ctx.stream_slot(&caller) {
+        Ok(s) => s,
+        Err(r) => return *r,
+    };
+    holding(by_method(ctx, &caller, req).await, slot)
+}
+
+/// [`endpoint`] after its caller is known.
+async fn by_method(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
+    let caller = *caller;
     // The 2026-07-28 era is POST-only: its GET/DELETE is 405.
     if matches!(*req.method(), Method::GET | Method::DELETE) {
         if let Some(r) = refuse_get_delete(req.headers()) {
@@ -106,7 +118,7 @@ pub async fn select(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> 
         return Era::Legacy(req.map(Either::Left));
     }
     let (parts, body) = req.into_parts();
-    let body = match read_client_body(ctx, body).await {
+    let body = match read_client_body(ctx, caller, body).await {
         Ok(b) => b,
         Err(r) => return Era::Modern(*r),
     };

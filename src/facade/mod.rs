@@ -25,7 +25,7 @@ use crate::session::Registry;
 use crate::stream::StreamEnv;
 use http::{
     error_response, host_allowed, json_error, origin_allowed, read_body, BodyBudget, Caller,
-    ClientCert, PeerAddr, Resp, MAX_BODY,
+    ClientCert, PeerAddr, Resp, StreamCaps, StreamSlot, MAX_BODY,
 };
 
 /// The config sections the faces read.
@@ -55,6 +55,8 @@ pub struct Ctx {
     hosts: Vec<String>,
     /// Room for client bodies (`listen.max_body_bytes_in_flight`): see [`read_body`].
     bodies: BodyBudget,
+    /// Requests and streams per caller (`listen.max_connections_per_identity`).
+    streams: StreamCaps,
     /// The 2026-07-28 face (its janitor is the caller's to spawn: [`modern::Modern::janitor`]).
     pub modern: Arc<modern::Modern>,
     /// `auth.mode = "jwt"`: the token verifier.
@@ -88,6 +90,7 @@ impl Ctx {
             .jwt_rules()
             .map(|r| Arc::new(crate::jwt::Verifier::new(r)));
         let bodies = BodyBudget::new(cfg.listen.max_body_bytes_in_flight);
+        let streams = StreamCaps::new(cfg.listen.per_identity_connections());
         Self {
             cfg,
             reg,
@@ -95,9 +98,25 @@ impl Ctx {
             origins,
             hosts,
             bodies,
+            streams,
             modern,
             jwt,
         }
+    }
+
+    /// A slot of `caller`'s `listen.max_connections_per_identity`, for a request that may become
+    /// a stream; 503 `capacity` when it holds them all.
+    pub fn stream_slot(&self, caller: &Caller) -> Result<Option<StreamSlot>, Box<Resp>> {
+        self.streams.take(caller.owner()).ok_or_else(|| {
+            self.reg.metrics.request_rejected("capacity");
+            Box::new(error_response(
+                &Error::Capacity(
+                    "this caller has listen.max_connections_per_identity requests and streams open"
+                        .into(),
+                ),
+                None,
+            ))
+        })
     }
 
     /// The checks every request to either face passes first: a browser's `Origin` must be
@@ -242,12 +261,13 @@ impl Ctx {
 ///
 /// # Errors
 /// The response for the [`BodyError`].
-pub async fn read_client_body<B>(ctx: &Ctx, body: B) -> Result<Bytes, Box<Resp>>
+pub async fn read_client_body<B>(ctx: &Ctx, caller: &Caller, body: B) -> Result<Bytes, Box<Resp>>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    read_body(body, MAX_BODY, ctx.cfg.listen.body_timeout(), &ctx.bodies)
+    let timeout = ctx.cfg.listen.body_timeout();
+    read_body(body, MAX_BODY, timeout, &ctx.bodies, caller.owner())
         .await
         .map_err(|e| Box::new(e.response()))
 }

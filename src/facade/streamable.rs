@@ -243,7 +243,7 @@ pub async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<LegacyBody>) -> 
         None
     };
     let body = match req.into_body() {
-        Either::Left(unread) => match read_client_body(ctx, unread).await {
+        Either::Left(unread) => match read_client_body(ctx, caller, unread).await {
             Ok(b) => b,
             Err(r) => return *r,
         },

@@ -94,7 +94,7 @@ KUBE_STATE_METRICS = {
 # (src/config.rs `Config` and the section structs it names; contract.py compares them).
 CONFIG_KEYS = {
     "listen": [
-        "addr", "max_connections", "body_timeout_secs", "max_body_bytes_in_flight", "allowed_origins",
+        "addr", "max_connections", "max_connections_per_identity", "body_timeout_secs", "max_body_bytes_in_flight", "allowed_origins",
         "allowed_hosts",
     ],
     "admin": ["addr"],
@@ -128,6 +128,7 @@ CONFIG_DEFAULTS = {
     "listen": {
         "addr": "127.0.0.1:8080",
         "max_connections": 10000,
+        "max_connections_per_identity": 0,
         "body_timeout_secs": 30,
         "max_body_bytes_in_flight": 67108864,
         "allowed_origins": [],

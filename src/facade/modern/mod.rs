@@ -29,6 +29,7 @@ pub mod tasks;
 pub mod who;
 pub mod wire;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,13 +37,14 @@ use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::config::TasksConfig;
 pub use crate::config::{Discover, ModernConfig};
 use crate::domain::Facade;
 use crate::facade::http::{plain, sse_response, Caller, Resp};
 use crate::metrics::Metrics;
+use crate::queue;
 use crate::stream::{SseBody, StreamEnv};
 use crate::upstream::UpstreamSettings;
 use mrtr::{Binding, Mrtr, Pending};
@@ -60,6 +62,9 @@ const INPUT_GATHER: Duration = Duration::from_millis(50);
 /// Frames queued for one client SSE stream of this face (each at most one upstream message,
 /// `upstream.max_event_bytes`): a slow reader holds the upstream back, never grows memory.
 const STREAM_FRAMES: usize = 32;
+/// The bytes those frames may hold: a client that stops reading holds at most this much (or one
+/// frame, however large) before the upstream is held back.
+const STREAM_BYTES: usize = 1 << 20;
 /// The most resource URIs one `subscriptions/listen` subscribes to (the rest are not honoured).
 const MAX_SUBSCRIPTIONS: usize = 256;
 /// Methods whose results are `CacheableResult`s.
@@ -70,6 +75,17 @@ const CACHEABLE: [&str; 5] = [
     "resources/templates/list",
     "resources/read",
 ];
+
+/// What tasks share with the registry: `sessions.max_sessions` bounds sessions and running tasks
+/// together.
+pub struct TaskSlots {
+    /// `sessions.max_sessions`.
+    pub max: usize,
+    /// The registry's sessions, live or opening.
+    pub sessions: Arc<dyn Fn() -> usize + Send + Sync>,
+    /// The running tasks, published for the registry.
+    pub running: Arc<std::sync::atomic::AtomicUsize>,
+}
 
 /// The state of the face.
 pub struct Modern {
@@ -89,6 +105,30 @@ pub struct Modern {
     metrics: Metrics,
     drain: watch::Receiver<bool>,
     keepalive: Duration,
+    /// Calls in flight, by caller and JSON id: what that caller's `notifications/cancelled` ends.
+    cancels: std::sync::Mutex<Cancels>,
+}
+
+/// Calls in flight by caller and JSON id.
+type Cancels = HashMap<(Who, String), Arc<tokio::sync::Notify>>;
+
+/// A call's entry in [`Modern::cancels`], taken out when the call ends.
+struct Cancellable<'a> {
+    map: &'a std::sync::Mutex<Cancels>,
+    key: (Who, String),
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Cancellable<'_> {
+    fn drop(&mut self) {
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        // A later call of the caller with the same id may have taken the key since.
+        if m.get(&self.key)
+            .is_some_and(|n| Arc::ptr_eq(n, &self.notify))
+        {
+            m.remove(&self.key);
+        }
+    }
 }
 
 impl std::fmt::Debug for Modern {
@@ -99,12 +139,12 @@ impl std::fmt::Debug for Modern {
 
 impl Modern {
     /// The face of `[modern]` and `[tasks]` over the log of `env` (whose `drain` ends its
-    /// streams), opening upstream sessions on `up`; at most `max_tasks` tasks run at once
-    /// (`sessions.max_sessions`).
+    /// streams), opening upstream sessions on `up`; its running tasks count against
+    /// `sessions.max_sessions` with the registry's sessions (`slots`).
     pub fn new(
         cfg: ModernConfig,
         tasks: TasksConfig,
-        max_tasks: usize,
+        slots: TaskSlots,
         up: UpstreamSettings,
         env: &StreamEnv,
     ) -> Arc<Self> {
@@ -122,8 +162,10 @@ impl Modern {
         let request_timeout = up.request_timeout;
         let pool = Pool::new(set, up, hub.clone(), metrics.pool_sessions.clone());
         let limits = TaskLimits {
-            max_running: max_tasks,
+            max_running: slots.max,
             max_per_owner: cfg.max_per_identity,
+            sessions: slots.sessions,
+            running: slots.running,
         };
         let tasks = Tasks::new(
             tasks,
@@ -143,6 +185,7 @@ impl Modern {
             params: params::HeaderParams::default(),
             metrics,
             drain: env.drain.clone(),
+            cancels: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -213,12 +256,18 @@ pub(crate) fn refusal_resp(id: &Value, r: Refusal) -> Resp {
 }
 
 /// An SSE response whose events come from `rx` (no event ids, no retry).
-fn sse(rx: mpsc::Receiver<Bytes>, metrics: &Metrics) -> Resp {
+fn sse(rx: queue::Rx<Bytes>, metrics: &Metrics) -> Resp {
     let gauge = metrics.client_streams(Facade::Streamable);
-    sse_response(SseBody::from_channel(rx, gauge), None)
+    sse_response(SseBody::from_queue(rx, gauge), None)
 }
 
 const KEEPALIVE: &[u8] = b": keepalive\n\n";
+
+/// Queues `frame` on a client stream (waiting for room in frames and bytes).
+async fn send_frame(tx: &queue::Tx<Bytes>, frame: Bytes) -> Result<(), Bytes> {
+    let len = frame.len();
+    tx.send(frame, len).await
+}
 
 /// A result relayed from the legacy upstream, made a 2026-07-28 result.
 fn finish_result(mut r: Value, method: &str, server_info: Option<&Value>, ttl_ms: u64) -> Value {
@@ -333,7 +382,7 @@ enum Stop {
 const LAST_FRAME_WAIT: Duration = Duration::from_secs(5);
 
 /// Where a call's messages go: a client SSE stream, or nowhere (a JSON answer).
-type Sink = Option<mpsc::Sender<Bytes>>;
+type Sink = Option<queue::Tx<Bytes>>;
 
 /// How a call ended for the request driving it.
 enum Ended {
@@ -362,8 +411,11 @@ impl Modern {
             Ok(wire::Checked::Notification { method, request_id }) => {
                 if method == "notifications/cancelled" {
                     if let Some(rid) = request_id {
-                        // Only the sender's own listens: an anonymous caller's, by address.
-                        self.hub.close(&Who::of(caller.identity, caller.peer), &rid);
+                        // Only the sender's own calls and listens: an anonymous caller's, by
+                        // address. (Closing a call's stream cancels it too, as the spec has it.)
+                        let who = Who::of(caller.identity, caller.peer);
+                        self.cancel_call(&who, &rid);
+                        self.hub.close(&who, &rid);
                     }
                 }
                 return plain(202, "text/plain", Bytes::new());
@@ -423,7 +475,8 @@ impl Modern {
     async fn task_method(self: &Arc<Self>, inb: &Inbound) -> Resp {
         let id = inb.string(|f| f.task_id).unwrap_or_default();
         let id = id.as_str();
-        let who = inb.identity.as_ref();
+        let principal = self.tasks.principal(inb.identity.as_ref(), inb.owner);
+        let who = principal.as_ref();
         let not_found = || {
             rpc_error(
                 200,
@@ -547,7 +600,7 @@ impl Modern {
                 Ended::Gone => plain(499, "text/plain", Bytes::new()),
             };
         }
-        let (tx, rx) = mpsc::channel(STREAM_FRAMES);
+        let (tx, rx) = queue::bounded(STREAM_FRAMES, STREAM_BYTES);
         let me = self.clone();
         tokio::spawn(async move {
             let sink = Some(tx.clone());
@@ -556,8 +609,11 @@ impl Modern {
                 Ended::Refused(r) => error_msg(&inb.id, r.code, &r.message, r.data),
                 Ended::Gone => return,
             };
-            let _ =
-                tokio::time::timeout(LAST_FRAME_WAIT, tx.send(subscriptions::frame(&last))).await;
+            let _ = tokio::time::timeout(
+                LAST_FRAME_WAIT,
+                send_frame(&tx, subscriptions::frame(&last)),
+            )
+            .await;
         });
         sse(rx, &self.metrics)
     }
@@ -596,6 +652,30 @@ impl Modern {
         result_msg(&inb.id, r)
     }
 
+    /// Registers the call of `inb` as one its caller may cancel.
+    fn cancellable(&self, inb: &Inbound) -> Cancellable<'_> {
+        let key = (inb.who, inb.id.to_string());
+        let notify = Arc::new(tokio::sync::Notify::new());
+        self.cancels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), notify.clone());
+        Cancellable {
+            map: &self.cancels,
+            key,
+            notify,
+        }
+    }
+
+    /// `notifications/cancelled` from `who` for request `id`: ends that call of `who`'s, if one
+    /// is in flight (its upstream request is cancelled; no answer is sent).
+    fn cancel_call(&self, who: &Who, id: &Value) {
+        let m = self.cancels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get(&(*who, id.to_string())) {
+            n.notify_one();
+        }
+    }
+
     /// Runs a call until it answers, needs input, becomes a task, or its client goes away.
     async fn drive(
         self: &Arc<Self>,
@@ -613,6 +693,7 @@ impl Modern {
             .cloned();
         let ttl = self.cfg.cache_ttl_ms;
         let mut drain = self.drain.clone();
+        let cancel = self.cancellable(inb);
         let started = tokio::time::Instant::now();
         let mut keepalive = tokio::time::interval_at(started + self.keepalive, self.keepalive);
         // `upstream.request_timeout_secs`, per client request (a retry starts it anew).
@@ -625,7 +706,7 @@ impl Modern {
             async move {
                 let s = sink?;
                 tokio::select! {
-                    r = s.send(frame) => r.is_err().then_some(Stop::Gone),
+                    r = send_frame(&s, frame) => r.is_err().then_some(Stop::Gone),
                     _ = until(timeout_at) => Some(Stop::TimedOut),
                     _ = draining(&mut drain) => Some(Stop::Drained),
                 }
@@ -736,6 +817,9 @@ impl Modern {
                     return Ended::Gone;
                 }
                 _ = draining(&mut drain) => return self.stopped(Stop::Drained, inb),
+                // Its caller's `notifications/cancelled`: no answer (the call, dropped
+                // unfinished, is cancelled upstream).
+                _ = cancel.notify.notified() => return Ended::Gone,
             }
         }
     }
@@ -825,10 +909,11 @@ impl Modern {
             resources: on(want.resources),
             resource_uris: Vec::new(),
             task_ids: task_ids.map(|ids| {
+                let principal = self.tasks.principal(inb.identity.as_ref(), inb.owner);
                 let mut known = std::collections::HashSet::new();
                 let _ = crate::jsonrpc::for_each_item(ids, |id| {
                     if let Some(id) = crate::jsonrpc::string(id) {
-                        if self.tasks.exists(inb.identity.as_ref(), &id) {
+                        if self.tasks.exists(principal.as_ref(), &id) {
                             known.insert(id);
                         }
                     }
@@ -866,7 +951,7 @@ impl Modern {
             }
             return self.too_many_listens(&inb.id);
         };
-        let (tx, rx) = mpsc::channel(STREAM_FRAMES);
+        let (tx, rx) = queue::bounded(STREAM_FRAMES, STREAM_BYTES);
         let me = self.clone();
         let pinned = lease.pin();
         let uris = filter.resource_uris.clone();
@@ -877,7 +962,10 @@ impl Modern {
             let started = tokio::time::Instant::now();
             let mut keepalive = tokio::time::interval_at(started + me.keepalive, me.keepalive);
             let ended = async {
-                if tx.send(subscriptions::ack(&filter, &sub_id)).await.is_err() {
+                if send_frame(&tx, subscriptions::ack(&filter, &sub_id))
+                    .await
+                    .is_err()
+                {
                     return None;
                 }
                 let end_at = started + lifetime;
@@ -887,7 +975,7 @@ impl Modern {
                     let (tx, mut drain) = (tx.clone(), me.drain.clone());
                     async move {
                         tokio::select! {
-                            r = tx.send(b) => r.is_ok().then_some(()).ok_or(None),
+                            r = send_frame(&tx, b) => r.is_ok().then_some(()).ok_or(None),
                             _ = tokio::time::sleep_until(end_at) => Err(Some(subscriptions::Closed::Ended)),
                             _ = draining(&mut drain) => Err(Some(subscriptions::Closed::Ended)),
                         }
@@ -933,7 +1021,7 @@ impl Modern {
             }
             drop(pinned);
             if let Some(last) = last {
-                let _ = tokio::time::timeout(LAST_FRAME_WAIT, tx.send(last)).await;
+                let _ = tokio::time::timeout(LAST_FRAME_WAIT, send_frame(&tx, last)).await;
             }
         });
         sse(rx, &self.metrics)

@@ -88,13 +88,16 @@ impl HeaderParams {
             Some(p) => p.clone(),
             None => return Ok(()),
         };
-        let args: Value = arguments
-            .and_then(|a| serde_json::from_str(a.get()).ok())
-            .unwrap_or(Value::Null);
-        for p in &params {
+        // Only the annotated members are looked at, borrowed: the rest of `arguments` (any size,
+        // any shape) is skipped unparsed, so a call costs no tree of its arguments.
+        let wanted: Vec<&str> = params.iter().map(|p| p.arg.as_str()).collect();
+        let found = arguments
+            .and_then(|a| members(a, &wanted))
+            .unwrap_or_else(|| vec![None; wanted.len()]);
+        for (p, body) in params.iter().zip(found) {
             let name = format!("mcp-param-{}", p.header.to_ascii_lowercase());
             let header = headers.get(&name).map(|v| v.as_bytes());
-            let body = args.get(&p.arg).filter(|v| !v.is_null());
+            let body = body.filter(|v| v.get() != "null");
             match (header, body) {
                 (None, None) => {}
                 (None, Some(_)) => {
@@ -153,13 +156,52 @@ fn decode(raw: &[u8]) -> Option<String> {
 }
 
 /// The header text an argument value is mirrored as.
-fn expected(v: &Value) -> Option<String> {
-    match v {
-        Value::String(s) => Some(s.clone()),
+fn expected(v: &RawValue) -> Option<String> {
+    // Scalars only: an object or array (of any size) is never parsed, it just does not match.
+    let raw = v.get();
+    if !raw.starts_with(['"', '-', 't', 'f']) && !raw.starts_with(|c: char| c.is_ascii_digit()) {
+        return None;
+    }
+    match serde_json::from_str::<Value>(raw).ok()? {
+        Value::String(s) => Some(s),
         Value::Number(n) => Some(n.to_string()),
         Value::Bool(b) => Some(b.to_string()),
         _ => None,
     }
+}
+
+/// The values of the top-level members named `wanted` of the JSON object `raw`, borrowed, in
+/// `wanted`'s order; every other member is skipped without being built. `None` when `raw` is not
+/// an object.
+fn members<'a>(raw: &'a RawValue, wanted: &[&str]) -> Option<Vec<Option<&'a RawValue>>> {
+    use serde::de::{Deserializer as _, IgnoredAny, MapAccess, Visitor};
+
+    struct Pick<'w>(&'w [&'w str]);
+
+    impl<'de> Visitor<'de> for Pick<'_> {
+        type Value = Vec<Option<&'de RawValue>>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = vec![None; self.0.len()];
+            // One key at a time (a key with escapes is unescaped into this one buffer's worth).
+            while let Some(key) = map.next_key::<String>()? {
+                match self.0.iter().position(|w| *w == key) {
+                    Some(i) => out[i] = Some(map.next_value::<&'de RawValue>()?),
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
+
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    de.deserialize_map(Pick(wanted)).ok()
 }
 
 #[cfg(test)]

@@ -28,12 +28,13 @@ use bytes::Bytes;
 use prometheus::IntGauge;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::subscriptions::Hub;
 pub use super::who::Who;
 use crate::error::{Error, Result};
+use crate::queue;
 use crate::session::Owner;
 use crate::upstream::{
     self, HttpClient, UpstreamItem, UpstreamLink, UpstreamReader, UpstreamSettings,
@@ -99,11 +100,14 @@ pub enum UpMsg {
 
 /// Upstream messages queued per request before the session's pump waits for it to read them:
 /// a slow reader holds back its upstream session (and, through it, the upstream), never grows
-/// memory. Each message is at most `upstream.max_event_bytes`.
+/// memory. At most this many, holding at most [`ROUTE_BYTES`] of upstream event bytes (one
+/// message always fits, up to `upstream.max_event_bytes`).
 const ROUTE_QUEUE: usize = 16;
+/// The bytes a request's queued upstream messages may hold (see [`ROUTE_QUEUE`]).
+const ROUTE_BYTES: usize = 1 << 20;
 
 struct Route {
-    tx: mpsc::Sender<UpMsg>,
+    tx: queue::Tx<UpMsg>,
 }
 
 struct State {
@@ -152,13 +156,13 @@ impl UpSession {
     }
 
     /// Registers a request and returns its upstream id and the channel of its messages.
-    fn route(&self, lease_holder: bool) -> (u64, mpsc::Receiver<UpMsg>) {
-        let (tx, rx) = mpsc::channel(ROUTE_QUEUE);
+    fn route(&self, lease_holder: bool) -> (u64, queue::Rx<UpMsg>) {
+        let (tx, rx) = queue::bounded(ROUTE_QUEUE, ROUTE_BYTES);
         let mut st = self.lock();
         st.next_id += 1;
         let id = st.next_id;
         if st.dead {
-            let _ = tx.try_send(UpMsg::Lost);
+            let _ = tx.try_send(UpMsg::Lost, 0);
         }
         st.routes.insert(id, Route { tx });
         if lease_holder {
@@ -309,7 +313,7 @@ impl UpSession {
         for r in routes {
             // A full queue ends with the sender dropped here: its reader sees `None`, which
             // means the same.
-            let _ = r.tx.try_send(UpMsg::Lost);
+            let _ = r.tx.try_send(UpMsg::Lost, 0);
         }
         if let Some(p) = self.pump.lock().unwrap_or_else(|e| e.into_inner()).take() {
             // Dropping the reader closes the upstream GET: the upstream session ends.
@@ -318,7 +322,8 @@ impl UpSession {
     }
 
     /// Routes one upstream message.
-    async fn dispatch(&self, msg: Value, hub: &Hub) {
+    /// Routes one upstream message of `len` bytes.
+    async fn dispatch(&self, msg: Value, len: usize, hub: &Hub) {
         let method = msg
             .get("method")
             .and_then(Value::as_str)
@@ -329,7 +334,7 @@ impl UpSession {
                 let route = id.as_u64().and_then(|n| self.lock().routes.remove(&n));
                 match route {
                     Some(r) => {
-                        let _ = r.tx.send(UpMsg::Response(msg)).await;
+                        let _ = r.tx.send(UpMsg::Response(msg), len).await;
                     }
                     None => {
                         tracing::debug!(
@@ -356,7 +361,7 @@ impl UpSession {
                 );
                 match holder.filter(|_| known) {
                     Some(tx) => {
-                        let _ = tx.send(UpMsg::Input { id, method, params }).await;
+                        let _ = tx.send(UpMsg::Input { id, method, params }, len).await;
                     }
                     None => {
                         // No client request to carry it (an upstream asking right after
@@ -380,7 +385,7 @@ impl UpSession {
                             token.and_then(|t| st.routes.get(&t)).map(|r| r.tx.clone())
                         };
                         if let Some(tx) = tx {
-                            let _ = tx.send(UpMsg::Progress(params)).await;
+                            let _ = tx.send(UpMsg::Progress(params), len).await;
                         }
                     }
                     "notifications/message" => {
@@ -392,14 +397,14 @@ impl UpSession {
                                 .flatten()
                         };
                         if let Some(tx) = tx {
-                            let _ = tx.send(UpMsg::Log(params)).await;
+                            let _ = tx.send(UpMsg::Log(params), len).await;
                         }
                     }
                     "notifications/cancelled" => {
                         let rid = params.get("requestId").and_then(Value::as_u64);
                         let route = rid.and_then(|n| self.lock().routes.remove(&n));
                         if let Some(r) = route {
-                            let _ = r.tx.send(UpMsg::Cancelled).await;
+                            let _ = r.tx.send(UpMsg::Cancelled, 0).await;
                         }
                     }
                     "notifications/tools/list_changed"
@@ -481,7 +486,7 @@ pub struct UpCall {
     /// Its upstream id (also its upstream progress token).
     pub upstream_id: u64,
     /// Its messages.
-    pub rx: mpsc::Receiver<UpMsg>,
+    pub rx: queue::Rx<UpMsg>,
     done: bool,
 }
 
@@ -933,7 +938,7 @@ async fn pump(session: Arc<UpSession>, mut reader: UpstreamReader, hub: Arc<Hub>
                     continue;
                 }
                 match serde_json::from_slice::<Value>(&ev.data) {
-                    Ok(msg) if msg.is_object() => session.dispatch(msg, &hub).await,
+                    Ok(msg) if msg.is_object() => session.dispatch(msg, ev.data.len(), &hub).await,
                     _ => tracing::warn!(
                         upstream = session.n,
                         "upstream message is not a JSON-RPC object; dropped"

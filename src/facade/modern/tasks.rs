@@ -24,6 +24,7 @@
 //! gone: a live one is cancelled, its log removed.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -145,12 +146,18 @@ impl std::fmt::Debug for NewTask {
 }
 
 /// How many tasks may run at once.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone)]
 pub struct TaskLimits {
-    /// In all (`sessions.max_sessions`: a running task holds an upstream request like a session).
+    /// In all, with the sessions (`sessions.max_sessions`: a running task holds an upstream
+    /// request like a session).
     pub max_running: usize,
     /// Per owner (`modern.max_per_identity`).
     pub max_per_owner: usize,
+    /// The sessions that count against `max_running` too (the registry's, live or opening).
+    pub sessions: Arc<dyn Fn() -> usize + Send + Sync>,
+    /// Where the running tasks are published, for the registry to count them against
+    /// `sessions.max_sessions` in turn.
+    pub running: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// The tasks.
@@ -182,6 +189,16 @@ fn same(bound: Option<&Identity>, caller: Option<&Identity>) -> bool {
 }
 
 impl Tasks {
+    /// What a task of this caller is bound to: its identity, or for an anonymous caller its
+    /// address (keyed), so another address holding the task id finds no such task.
+    pub fn principal(&self, identity: Option<&Identity>, owner: Owner) -> Option<Identity> {
+        match (identity, owner) {
+            (Some(i), _) => Some(*i),
+            (None, Owner::Peer(ip)) => Some(self.log.keys().peer(ip)),
+            (None, _) => None,
+        }
+    }
+
     /// The tasks over `log`.
     pub fn new(
         cfg: TasksConfig,
@@ -215,6 +232,14 @@ impl Tasks {
         self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Takes task `id` off the running ones.
+    fn unlist(&self, id: &SessionId) -> Option<Arc<Live>> {
+        let mut running = self.lock();
+        let l = running.remove(id);
+        self.limits.running.store(running.len(), Ordering::SeqCst);
+        l
+    }
+
     fn ttl_ms(&self) -> u64 {
         self.cfg.ttl_secs.saturating_mul(1000)
     }
@@ -237,9 +262,10 @@ impl Tasks {
             // Counted on what runs: a task being created here is not yet live, so concurrent
             // creations may pass this check together — by at most the requests in flight.
             let live = self.lock();
-            if live.len() >= self.limits.max_running {
+            let sessions = (self.limits.sessions)();
+            if live.len() + sessions >= self.limits.max_running {
                 return Err(Error::Capacity(format!(
-                    "{} tasks running (sessions.max_sessions)",
+                    "{} tasks running and {sessions} sessions (sessions.max_sessions)",
                     live.len()
                 )));
             }
@@ -257,7 +283,7 @@ impl Tasks {
                 id,
                 Facade::Task,
                 Some(super::protocol::MODERN_VERSION.into()),
-                identity,
+                self.principal(identity.as_ref(), owner),
             )
             .await?;
         let created_ms = now_ms();
@@ -309,7 +335,11 @@ impl Tasks {
             ctl,
         });
         let id = task.sl.id;
-        self.lock().insert(id, live.clone());
+        {
+            let mut running = self.lock();
+            running.insert(id, live.clone());
+            self.limits.running.store(running.len(), Ordering::SeqCst);
+        }
         self.counter.with_label_values(&["created"]).inc();
         tracing::info!(task = %task.sl.tag, "task created");
         let mut result = self.live_json(&id, &live);
@@ -468,7 +498,7 @@ impl Tasks {
         if let Err(e) = self.log.end(&sl, EndReason::TaskFinished, vec![ev]).await {
             tracing::error!(task = %sl.tag, error = %e, "a task's outcome is not logged yet (the log retries it)");
         }
-        self.lock().remove(&id);
+        self.unlist(&id);
         let task = self.read(&sl);
         let status = task
             .as_ref()
@@ -655,7 +685,7 @@ impl Tasks {
             let Some(sl) = self.log.get(&id).filter(|sl| !sl.removed()) else {
                 continue;
             };
-            let live = self.lock().remove(&sl.id);
+            let live = self.unlist(&sl.id);
             if let Some(l) = live {
                 let _ = l.ctl.send(Ctl::Cancel).await;
                 // Let it write its end before the log goes.

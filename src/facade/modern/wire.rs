@@ -8,7 +8,7 @@
 //! and `Mcp-Name` present and equal to the body (400 `-32020`; names are matched after OWS trim
 //! and `=?base64?…?=` decoding, method values case-sensitively) → client capabilities the method
 //! needs (400 `-32021`). Notification POSTs are exempt from the header checks and answered 202.
-//! `Mcp-Param-*` headers are not checked: a legacy upstream's tools declare no `x-mcp-header`.
+//! `Mcp-Param-*` headers are checked later, against the tools that declare `x-mcp-header` ([`super::params`]).
 
 use bytes::Bytes;
 use serde::Deserialize;

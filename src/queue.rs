@@ -1,0 +1,155 @@
+//! Queues bounded twice: in items and in bytes (design.md §11b, "every queue bounded"). A
+//! message may be as large as `upstream.max_event_bytes` (MiBs), so a bound in items alone lets a
+//! slow reader hold items × that; here a send also waits while the items queued and unread hold
+//! the byte bound (one item always fits, however large). A leaf: it names no other module.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tokio::sync::{mpsc, Semaphore};
+
+/// The sending half. Cheap to clone.
+#[derive(Debug)]
+pub struct Tx<T> {
+    tx: mpsc::Sender<(T, u32)>,
+    room: Arc<Semaphore>,
+    cap: u32,
+}
+
+impl<T> Clone for Tx<T> {
+    fn clone(&self) -> Self {
+        Tx {
+            tx: self.tx.clone(),
+            room: self.room.clone(),
+            cap: self.cap,
+        }
+    }
+}
+
+/// The receiving half: taking an item gives its bytes back.
+#[derive(Debug)]
+pub struct Rx<T> {
+    rx: mpsc::Receiver<(T, u32)>,
+    room: Arc<Semaphore>,
+}
+
+/// A queue of at most `items` items holding at most `bytes` bytes (counted in KiB).
+pub fn bounded<T>(items: usize, bytes: usize) -> (Tx<T>, Rx<T>) {
+    let cap = u32::try_from(bytes.div_ceil(1024).max(1)).unwrap_or(u32::MAX >> 3);
+    let room = Arc::new(Semaphore::new(cap as usize));
+    let (tx, rx) = mpsc::channel(items);
+    (
+        Tx {
+            tx,
+            room: room.clone(),
+            cap,
+        },
+        Rx { rx, room },
+    )
+}
+
+impl<T> Tx<T> {
+    /// What `len` bytes count for: their KiB, at most the whole bound (one item always fits).
+    fn weight(&self, len: usize) -> u32 {
+        u32::try_from(len.div_ceil(1024))
+            .unwrap_or(u32::MAX)
+            .min(self.cap)
+    }
+
+    /// Queues `item` of `len` bytes, waiting for room in items and in bytes. Cancel-safe: a send
+    /// dropped before it completes queues nothing and holds no room. `Err` gives the item back
+    /// when the receiver is gone.
+    pub async fn send(&self, item: T, len: usize) -> Result<(), T> {
+        let n = self.weight(len);
+        let Ok(permit) = self.room.clone().acquire_many_owned(n).await else {
+            return Err(item);
+        };
+        match self.tx.send((item, n)).await {
+            Ok(()) => {
+                // The receiver gives the room back when it takes the item.
+                permit.forget();
+                Ok(())
+            }
+            Err(e) => Err(e.0 .0),
+        }
+    }
+
+    /// Queues `item` of `len` bytes only if there is room now.
+    pub fn try_send(&self, item: T, len: usize) -> Result<(), T> {
+        let n = self.weight(len);
+        let Ok(permit) = self.room.clone().try_acquire_many_owned(n) else {
+            return Err(item);
+        };
+        match self.tx.try_send((item, n)) {
+            Ok(()) => {
+                permit.forget();
+                Ok(())
+            }
+            Err(e) => Err(e.into_inner().0),
+        }
+    }
+
+    /// Completes when the receiver is gone.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
+
+impl<T> Rx<T> {
+    /// The next item; `None` once every sender is gone and the queue is empty.
+    pub async fn recv(&mut self) -> Option<T> {
+        let (item, n) = self.rx.recv().await?;
+        self.room.add_permits(n as usize);
+        Some(item)
+    }
+
+    /// [`Rx::recv`] as a poll (for a response body).
+    pub fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        self.rx.poll_recv(cx).map(|o| {
+            o.map(|(item, n)| {
+                self.room.add_permits(n as usize);
+                item
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A send waits while the unread items hold the byte bound, and goes through once the reader
+    /// takes one; one item larger than the bound still passes alone.
+    #[tokio::test(start_paused = true)]
+    async fn sends_wait_for_room_in_bytes() {
+        let (tx, mut rx) = bounded::<Vec<u8>>(100, 4096);
+        tx.send(vec![0; 3000], 3000).await.unwrap();
+        let blocked = tokio::time::timeout(Duration::from_secs(1), tx.send(vec![1; 2000], 2000));
+        assert!(blocked.await.is_err(), "5000 bytes do not fit in 4096");
+        assert_eq!(rx.recv().await.unwrap().len(), 3000);
+        tx.send(vec![1; 2000], 2000).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().len(), 2000);
+        // Larger than the whole bound: alone, it fits.
+        tx.send(vec![2; 1 << 20], 1 << 20).await.unwrap();
+        assert!(
+            tx.try_send(vec![3], 1).is_err(),
+            "full while the large one is unread"
+        );
+        assert_eq!(rx.recv().await.unwrap().len(), 1 << 20);
+        assert!(tx.try_send(vec![3], 1).is_ok());
+    }
+
+    /// A send cancelled while it waits holds no room afterwards.
+    #[tokio::test(start_paused = true)]
+    async fn a_cancelled_send_holds_nothing() {
+        let (tx, mut rx) = bounded::<u8>(1, 1 << 20);
+        tx.send(1, 10).await.unwrap();
+        // The item slot is full: this send waits, holding its bytes' room, and is dropped.
+        let waiting = tokio::time::timeout(Duration::from_secs(1), tx.send(2, 1 << 20));
+        assert!(waiting.await.is_err());
+        assert_eq!(rx.recv().await, Some(1));
+        // All the room is back: an item of the whole bound fits at once.
+        assert!(tx.try_send(3, 1 << 20).is_ok());
+    }
+}
