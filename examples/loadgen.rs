@@ -644,6 +644,8 @@ fn write_proxy_config(
         r#"[listen]
 addr = "{addr}"
 max_connections = 20000
+# Every client of the load generator is one anonymous peer (127.0.0.1).
+max_connections_per_identity = 20000
 [admin]
 addr = "{admin}"
 [upstream]
