@@ -67,6 +67,8 @@ pub struct Rec {
     pub payloads: Payloads<u64>,
     /// A trim record's oldest retained seq.
     pub trim: Option<u64>,
+    /// A mark record's synced offset of its segment (what the engine knows was synced).
+    pub mark_synced: Option<u64>,
 }
 
 /// Every record of a data dir, in log order (segments ascending, then by offset).
@@ -166,6 +168,7 @@ pub fn scan(data: &Path) -> Result<Scan, String> {
                 seqs: None,
                 payloads: Vec::new(),
                 trim: None,
+                mark_synced: None,
             };
             if ty == 1 {
                 if let Some((first, count, payloads)) = parse_chunk(body) {
@@ -177,6 +180,9 @@ pub fn scan(data: &Path) -> Result<Scan, String> {
                 }
             } else if ty == 5 {
                 r.trim = be_u64(body, 16);
+            } else if ty == 9 {
+                // `at`, then the synced offset (src/log/record.rs `mark`).
+                r.mark_synced = be_u64(body, 8);
             }
             recs.push(r);
             pos += FRAME + len;
@@ -311,7 +317,17 @@ pub fn inject(
             })
             .map(|r| r.off + r.len)
             .max();
-        if let Some(hwm) = hwm {
+        // Only what an intact mark says was synced: a record of the last turn before the crash
+        // cannot be told from a torn write by the log (README "Durability and storage": a flip
+        // there is cut and sealed like a torn tail), so it is no test of damage handling.
+        let marked = scan
+            .recs
+            .iter()
+            .filter(|r| r.ok && r.seg == newest)
+            .filter_map(|r| r.mark_synced)
+            .max()
+            .unwrap_or(0);
+        if let Some(hwm) = hwm.map(|h| h.min(marked)) {
             for &i in &sole {
                 let r = &scan.recs[i];
                 if r.seg == newest && r.off + r.len <= hwm {
