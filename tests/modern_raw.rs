@@ -340,6 +340,10 @@ async fn streams_progress_cancel_pool_and_loss() {
         .json()
         .await;
     assert_eq!(v["error"]["code"], -32602, "another identity: {v}");
+    // Anonymous callers are their address: the state from another one is refused too.
+    let foreign = support::security::Target::plain(a).via_peer("127.0.0.9");
+    let v = support::modern::answer(&foreign, &retry(16, &state), None).await;
+    assert_eq!(v["error"]["code"], -32602, "another anonymous address: {v}");
     let v = modern(a, &retry(13, &state), &[]).await.json().await;
     assert_eq!(v["result"]["content"][0]["text"], "answer: yes", "{v}");
     let v = modern(a, &retry(14, &state), &[]).await.json().await;

@@ -546,7 +546,8 @@ impl Modern {
                         )
                     }
                 };
-                let parked = match self.mrtr.take(state, inb.identity.as_ref(), &binding) {
+                let principal = self.tasks.principal(inb.identity.as_ref(), inb.owner);
+                let parked = match self.mrtr.take(state, principal.as_ref(), &binding) {
                     Ok(p) => p,
                     Err(e) => {
                         return rpc_error(
@@ -641,9 +642,11 @@ impl Modern {
                 )
             })
             .collect();
+        // Bound to the caller: its identity, or an anonymous caller's address.
+        let principal = self.tasks.principal(inb.identity.as_ref(), inb.owner);
         let state = self
             .mrtr
-            .park(call, pending, binding.clone(), inb.identity.as_ref());
+            .park(call, pending, binding.clone(), principal.as_ref());
         let mut r =
             json!({"resultType": "input_required", "inputRequests": reqs, "requestState": state});
         if let Some(si) = server_info {
