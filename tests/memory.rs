@@ -180,7 +180,13 @@ async fn peak_rss_is_bounded_by_the_bodies_in_flight() {
         // A fresh proxy per shape: memory one shape freed but the allocator kept would hide the
         // next one's peak. No upstream is reachable: every body is answered by the proxy itself.
         let tmp = tempfile::tempdir().unwrap();
-        let (mut proxy, addr) = proxy(tmp.path(), &[]).await;
+        // All 8 bodies come from one address, which holds at most a quarter of the body budget:
+        // a 128 MiB budget lets one address hold all 8 at once, the worst case measured here.
+        let (mut proxy, addr) = proxy(
+            tmp.path(),
+            &[("[listen]", "max_body_bytes_in_flight = 134217728")],
+        )
+        .await;
         let (statuses, base, peak) = burst(&proxy, addr, body, CONCURRENT, modern).await;
         proxy.proc.kill();
         // Every body was answered (a refusal, or an upstream error): none was dropped.
