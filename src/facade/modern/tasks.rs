@@ -510,7 +510,7 @@ impl Tasks {
         tracing::info!(task = %sl.tag, status, "task finished");
         if let Some(t) = task {
             self.hub
-                .task_notification(sl.identity.as_ref(), &id.to_string(), &t);
+                .task_notification(live.identity.as_ref(), &id.to_string(), &t);
         }
     }
 
