@@ -26,12 +26,8 @@ pub async fn sse(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     if req.method() != Method::GET {
         return error_response(&Error::MethodNotAllowed("GET"), None);
     }
-    let caller = match ctx.caller(&req) {
+    let (caller, slot) = match ctx.admit(&req) {
         Ok(c) => c,
-        Err(r) => return *r,
-    };
-    let slot = match ctx.stream_slot(&caller) {
-        Ok(s) => s,
         Err(r) => return *r,
     };
     let resp = match req.headers().get("last-event-id") {

@@ -33,22 +33,17 @@ pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
 
 /// Serves one request to the MCP endpoint (`streamable.path`): picks the era of each request.
 pub async fn endpoint(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
-    let caller = match ctx.caller(&req) {
+    // The request, and the stream it may become, count against the caller's share of the
+    // connection slots.
+    let (caller, slot) = match ctx.admit(&req) {
         Ok(c) => c,
         Err(r) => return *r,
     };
-    // The request, and the stream it may become, count against the caller's share of the
-    // connection slots.
-    let slot = match ctx.stream_slot(&caller) {
-        Ok(s) => s,
-        Err(r) => return *r,
-    };
-    holding(by_method(ctx, &caller, req).await, slot)
+    holding(by_method(ctx, caller, req).await, slot)
 }
 
 /// [`endpoint`] after its caller is known.
-async fn by_method(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
-    let caller = *caller;
+async fn by_method(ctx: &Arc<Ctx>, caller: Caller, req: Request<Incoming>) -> Resp {
     // The 2026-07-28 era is POST-only: its GET/DELETE is 405.
     if matches!(*req.method(), Method::GET | Method::DELETE) {
         if let Some(r) = refuse_get_delete(req.headers()) {

@@ -104,10 +104,14 @@ impl Ctx {
         }
     }
 
-    /// A slot of `caller`'s `listen.max_connections_per_identity`, for a request that may become
-    /// a stream; 503 `capacity` when it holds them all.
-    pub fn stream_slot(&self, caller: &Caller) -> Result<Option<StreamSlot>, Box<Resp>> {
-        self.streams.take(caller.owner()).ok_or_else(|| {
+    /// The caller of a request that may become a stream ([`Ctx::caller`]), and its slot of
+    /// `listen.max_connections_per_identity`: 503 `capacity` when it holds them all.
+    pub fn admit<B>(
+        &self,
+        req: &::http::Request<B>,
+    ) -> Result<(Caller, Option<StreamSlot>), Box<Resp>> {
+        let caller = self.caller(req)?;
+        let slot = self.streams.take(caller.owner()).ok_or_else(|| {
             self.reg.metrics.request_rejected("capacity");
             Box::new(error_response(
                 &Error::Capacity(
@@ -116,7 +120,8 @@ impl Ctx {
                 ),
                 None,
             ))
-        })
+        })?;
+        Ok((caller, slot))
     }
 
     /// The checks every request to either face passes first: a browser's `Origin` must be
