@@ -96,7 +96,7 @@ fn replay(c: &mut Criterion) {
     let mut after = 0u64;
     group.bench_function("read_after_256", |b| {
         b.iter(|| {
-            let evs = fx.log.read_after(&fx.sl, after, READ_BATCH).expect("read");
+            let evs = fx.log.read_held(&fx.sl, after, READ_BATCH).expect("read");
             assert_eq!(evs.len(), READ_BATCH);
             after = if after + 2 * READ_BATCH as u64 > last_start {
                 0
@@ -109,7 +109,7 @@ fn replay(c: &mut Criterion) {
     let mut after = 0u64;
     group.bench_function("read_and_frame_256", |b| {
         b.iter(|| {
-            let evs = fx.log.read_after(&fx.sl, after, READ_BATCH).expect("read");
+            let evs = fx.log.read_held(&fx.sl, after, READ_BATCH).expect("read");
             let mut bytes = 0;
             for ev in &evs {
                 bytes += stream::frame_of(&fx.sl, ev).len();
@@ -125,7 +125,7 @@ fn replay(c: &mut Criterion) {
     group.throughput(Throughput::Elements(128));
     group.bench_function("window_tail_128", |b| {
         b.iter(|| {
-            let evs = fx.log.read_after(&fx.sl, BACKLOG - 128, 128).expect("read");
+            let evs = fx.log.read_held(&fx.sl, BACKLOG - 128, 128).expect("read");
             assert_eq!(evs.len(), 128);
             black_box(evs)
         })

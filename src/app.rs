@@ -12,12 +12,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::admin::Admin;
-use crate::config::Config;
+use crate::config::{Backend, Config};
 use crate::domain::EndReason;
 use crate::facade::modern::{Modern, TaskSlots};
 use crate::facade::{Ctx, FaceConfig};
 use crate::listener;
-use crate::log::{Health, Log, Recovery};
+use crate::log::{Health, Log, Recovery, SharedSettings};
 use crate::metrics::Metrics;
 use crate::session::Registry;
 use crate::shutdown::Drain;
@@ -73,6 +73,12 @@ impl RunError {
                 source: crate::error::Error::Store(e),
                 ..
             }) if e.raw_os_error().is_some() => 74,
+            // A setting of the shared log's server that cannot keep the configured durability is
+            // a configuration error, like a bad key.
+            RunError::Start(StartError::Log {
+                source: crate::error::Error::Store(crate::error::StoreError::Durability(_)),
+                ..
+            }) => 64,
             RunError::Start(_) => 1,
             RunError::StorageFailed => 74,
         }
@@ -141,13 +147,21 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         stop_rx.clone(),
     ));
 
-    let (log, recovery, interrupted) =
-        Log::open(&cfg.log, metrics.clone())
-            .await
-            .map_err(|source| StartError::Log {
-                dir: cfg.log.dir.display().to_string(),
-                source,
-            })?;
+    let opened = match cfg.log.backend {
+        Backend::Local => Log::open(&cfg.log, metrics.clone()).await,
+        Backend::Redis => {
+            let settings = SharedSettings {
+                replica_id: cfg.cluster.replica_id.clone(),
+                // A task's log outlives the session retention when its TTL is longer.
+                retain_secs: cfg.sessions.retain_ended_secs.max(cfg.tasks.ttl_secs),
+            };
+            Log::open_shared(&cfg.log, &settings, metrics.clone()).await
+        }
+    };
+    let (log, recovery, interrupted) = opened.map_err(|source| StartError::Log {
+        dir: cfg.log.dir.display().to_string(),
+        source,
+    })?;
     tracing::info!(?recovery, dir = %cfg.log.dir.display(), "log open");
     // Readiness follows the log's health from now on (503 within a second of a failed write).
     let health = log.health();

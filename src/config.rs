@@ -68,6 +68,8 @@ pub struct Config {
     pub modern: ModernConfig,
     /// The Tasks extension on the 2026-07-28 face.
     pub tasks: TasksConfig,
+    /// This replica among several (`log.backend = "redis"`).
+    pub cluster: ClusterConfig,
 }
 
 /// `[listen]`: where clients connect.
@@ -180,6 +182,69 @@ pub struct LogConfig {
     /// with 74 so the orchestrator restarts it; while degraded it reclaims dead segments and
     /// turns ready again, with no restart, once writes fit.
     pub store_error_exit_secs: u64,
+    /// Where the log lives: `local` (the segment files in `dir`, the default) or `redis` (one
+    /// logical log per session on Redis, `[log.redis]`, so any replica can serve it: §13).
+    pub backend: Backend,
+    /// `[log.redis]`: the shared log's server (with `backend = "redis"`).
+    pub redis: RedisConfig,
+}
+
+/// Where the log lives (`log.backend`).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The segmented log on this pod's disk.
+    #[default]
+    Local,
+    /// The shared log on Redis.
+    Redis,
+}
+
+/// `[log.redis]`: the shared log's server.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// `redis://` or `rediss://` (TLS with rustls) URL of one node: a single server or any node of
+    /// a Redis Cluster (detected from the server).
+    pub url: String,
+    /// Prefix of every key the proxy writes (several proxies' logs may share one Redis).
+    pub key_prefix: String,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        Self {
+            url: String::new(),
+            key_prefix: "mcp-resume".into(),
+        }
+    }
+}
+
+/// `[cluster]`: this replica among several sharing one log (`log.backend = "redis"`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// This replica's name, stable across its restarts (a StatefulSet pod's name): the sessions
+    /// a previous run of it left live are ended by its next start. Default: the host name.
+    pub replica_id: String,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            replica_id: host_name(),
+        }
+    }
+}
+
+/// The host name (`HOSTNAME`, else `/etc/hostname`, else `proxy`).
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "proxy".into())
 }
 
 /// `[sessions]`: lifetimes and limits.
@@ -273,6 +338,8 @@ impl Default for LogConfig {
             max_bytes_per_session: 64 * 1024 * 1024,
             max_total_bytes: 1024 * 1024 * 1024,
             store_error_exit_secs: 60,
+            backend: Backend::Local,
+            redis: RedisConfig::default(),
         }
     }
 }
@@ -634,6 +701,39 @@ impl Config {
                 "must be at least log.max_bytes_per_session",
             ));
         }
+        if self.log.backend == Backend::Redis {
+            let u = &self.log.redis.url;
+            if u.is_empty() {
+                return Err(bad(
+                    "log.redis.url",
+                    "is required with log.backend = \"redis\"",
+                ));
+            }
+            if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+                return Err(bad("log.redis.url", "must be a redis:// or rediss:// URL"));
+            }
+            redis::Client::open(u.as_str())
+                .map_err(|e| bad("log.redis.url", format!("is not a Redis URL: {e}")))?;
+        }
+        let p = &self.log.redis.key_prefix;
+        if p.is_empty() || p.len() > 64 || p.contains(['{', '}', ' ']) {
+            return Err(bad(
+                "log.redis.key_prefix",
+                "must be 1 to 64 characters without braces or spaces",
+            ));
+        }
+        let r = &self.cluster.replica_id;
+        if r.is_empty()
+            || r.len() > 128
+            || !r
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(bad(
+                "cluster.replica_id",
+                "must be 1 to 128 characters of letters, digits, '-', '_' and '.'",
+            ));
+        }
         positive("sessions.idle_ttl_secs", self.sessions.idle_ttl_secs)?;
         positive("sessions.max_sessions", self.sessions.max_sessions as u64)?;
         positive("sessions.keepalive_secs", self.sessions.keepalive_secs)?;
@@ -991,6 +1091,16 @@ mod tests {
                 "[log]\nstore_error_exit_secs = 0\n",
                 "log.store_error_exit_secs",
             ),
+            ("[log]\nbackend = \"redis\"\n", "log.redis.url"),
+            (
+                "[log]\nbackend = \"redis\"\n[log.redis]\nurl = \"http://x\"\n",
+                "log.redis.url",
+            ),
+            (
+                "[log.redis]\nkey_prefix = \"a{b}\"\n",
+                "log.redis.key_prefix",
+            ),
+            ("[cluster]\nreplica_id = \"a/b\"\n", "cluster.replica_id"),
             (
                 "[upstream]\nmax_event_bytes = 300000000\n",
                 "upstream.max_event_bytes",

@@ -208,6 +208,17 @@ pub enum StoreError {
     /// The session's log already ended; nothing more is appended to it.
     #[error("the session's log has ended")]
     SessionEnded,
+    /// The shared log's server (Redis) failed or could not be reached.
+    #[error("shared log: {0}")]
+    Shared(String),
+    /// The shared log's server cannot keep the configured durability (`durability = "fsync"`
+    /// needs `appendonly yes` and `appendfsync always`): the setting at fault.
+    #[error("log.durability = \"fsync\" is not kept by the shared log's server: {0}")]
+    Durability(String),
+    /// This replica no longer owns the session on the shared log (another took it over, or the
+    /// server lost or rewound its record): it writes nothing more to it.
+    #[error("fenced: this replica no longer owns the session on the shared log")]
+    Fenced,
 }
 
 impl StoreError {

@@ -73,6 +73,10 @@ pub struct Metrics {
     /// `mcp_resume_store_damage_total`: records of the log found damaged (a checksum that fails
     /// inside what was synced); the sessions they belong to are sealed before them.
     pub store_damage: IntCounter,
+    /// `mcp_resume_fenced_total`: writes to the shared log (Redis) refused because this replica
+    /// no longer owns the session at its epoch, or its record was lost or rewound; the session
+    /// ends on this replica (§13).
+    pub fenced: IntCounter,
     /// `mcp_resume_sessions_active`.
     pub sessions_active: IntGauge,
     sessions_started: IntCounterVec,
@@ -168,6 +172,11 @@ impl Metrics {
                 "Damaged log records (checksum failures inside synced data); their sessions are sealed before them (each also logged at error level).",
             )
             .unwrap(),
+            fenced: IntCounter::new(
+                "mcp_resume_fenced_total",
+                "Writes to the shared log refused by its fence (another owner or epoch, or the record lost or rewound); each ends its session on this replica.",
+            )
+            .unwrap(),
             sessions_active: IntGauge::new(
                 "mcp_resume_sessions_active",
                 "Live sessions (upstream link open).",
@@ -261,6 +270,7 @@ impl Metrics {
         r.register(Box::new(m.log_disk_bytes.clone())).unwrap();
         r.register(Box::new(m.store_errors.clone())).unwrap();
         r.register(Box::new(m.store_damage.clone())).unwrap();
+        r.register(Box::new(m.fenced.clone())).unwrap();
         r.register(Box::new(m.sessions_active.clone())).unwrap();
         r.register(Box::new(m.sessions_started.clone())).unwrap();
         r.register(Box::new(m.sessions_ended.clone())).unwrap();
@@ -399,6 +409,7 @@ mod tests {
             "mcp_resume_client_streams_active",
             "mcp_resume_store_errors_total",
             "mcp_resume_store_damage_total",
+            "mcp_resume_fenced_total",
             "mcp_resume_log_disk_bytes",
             "mcp_resume_auth_rejected_total",
             "mcp_resume_requests_rejected_total",

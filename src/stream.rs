@@ -207,7 +207,7 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
     }
     loop {
         head_rx.borrow_and_update();
-        let batch = match env.log.read_after(&spec.log, spec.after, READ_BATCH) {
+        let batch = match env.log.read_after(&spec.log, spec.after, READ_BATCH).await {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(session = %spec.log.tag, error = %e, "log read failed");

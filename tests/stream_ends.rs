@@ -36,7 +36,14 @@ fn end_marker(p: &mcp_resume_proxy::app::Running, session: &str) -> String {
     let sid = SessionId::parse(session).unwrap();
     let sl = p.registry.log.get(&sid).expect("log kept");
     let head = sl.head();
-    let ev = p.registry.log.event_at(&sl, head).unwrap().unwrap();
+    let ev = p
+        .registry
+        .log
+        .read_held(&sl, head - 1, 1)
+        .unwrap()
+        .into_iter()
+        .next()
+        .unwrap();
     assert_eq!(ev.kind, EventKind::End, "the head of an ended session");
     sl.event_id(ev.epoch, head)
 }

@@ -71,10 +71,11 @@ async fn open(ctx: &Arc<Ctx>, caller: &Caller) -> Resp {
 }
 
 async fn resume(ctx: &Arc<Ctx>, caller: &Caller, last_event_id: &str) -> Resp {
-    let r = match super::resume::check(ctx, caller, Facade::Legacy, last_event_id, None, false) {
-        Ok(r) => r,
-        Err(answer) => return *answer,
-    };
+    let r =
+        match super::resume::check(ctx, caller, Facade::Legacy, last_event_id, None, false).await {
+            Ok(r) => r,
+            Err(answer) => return *answer,
+        };
     ctx.reg.metrics.resume(Facade::Legacy);
     tracing::info!(session = %r.sl.tag, after = r.after, head = r.ranges.head, "legacy resume served");
     tracing::debug!(

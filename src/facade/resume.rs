@@ -37,7 +37,7 @@ pub struct Resumable {
 ///
 /// # Errors
 /// The answer that refuses the resume (counted and logged).
-pub fn check(
+pub async fn check(
     ctx: &Ctx,
     caller: &Caller,
     face: Facade,
@@ -66,7 +66,9 @@ pub fn check(
         )));
     }
     let sl = log
-        .get(&cursor.session)
+        .lookup(&cursor.session)
+        .await
+        .filter(|sl| !sl.removed())
         .filter(|sl| ctx.admits(caller, sl.identity.as_ref(), sl.facade, face));
     let Some(sl) = sl else {
         return Err(Box::new(refusal(
@@ -98,7 +100,7 @@ pub fn check(
             )))
         }
     };
-    if sl.ended().is_some() && nothing_left(ctx, &sl, after) {
+    if sl.ended().is_some() && nothing_left(ctx, &sl, after).await {
         return Err(Box::new(error_response(&Error::UnknownSession, None)));
     }
     Ok(Resumable {
@@ -112,11 +114,11 @@ pub fn check(
 /// Of an ended session: is nothing but the end marker left after `after` — the next event is the
 /// end marker, or `after` is the end marker itself? (While the end is still being logged, neither
 /// holds yet: the stream is served and ends at the marker.)
-fn nothing_left(ctx: &Ctx, sl: &SessionLog, after: u64) -> bool {
+async fn nothing_left(ctx: &Ctx, sl: &SessionLog, after: u64) -> bool {
     let log = &ctx.reg.log;
-    match log.read_after(sl, after, 1) {
+    match log.read_after(sl, after, 1).await {
         Ok(evs) if !evs.is_empty() => evs[0].kind == Kind::End,
-        Ok(_) => matches!(log.event_at(sl, after), Ok(Some(ev)) if ev.kind == Kind::End),
+        Ok(_) => matches!(log.event_at(sl, after).await, Ok(Some(ev)) if ev.kind == Kind::End),
         Err(_) => false,
     }
 }

@@ -526,7 +526,7 @@ async fn owed(
     let mut cur = after;
     let mut messages = 0;
     while cur < head {
-        let batch = log.read_after(sl, cur, 256)?;
+        let batch = log.read_after(sl, cur, 256).await?;
         let Some(last) = batch.last() else { break };
         cur = last.seq;
         for ev in batch.iter().filter(|e| e.seq <= head && e.stream == tag) {
@@ -567,13 +567,15 @@ async fn resume(
         last_event_id,
         Some(sid),
         true,
-    ) {
+    )
+    .await
+    {
         Ok(r) => r,
         Err(answer) => return *answer,
     };
     let (cursor, sl, ranges, after) = (r.cursor, r.sl, r.ranges, r.after);
     let refuse = |r: Refusal| refusal(m, r, last_event_id, Some(cursor.session), Some((log, &sl)));
-    let ev = match log.event_at(&sl, cursor.seq) {
+    let ev = match log.event_at(&sl, cursor.seq).await {
         Ok(Some(ev)) => ev,
         // Trimmed between the check and the read.
         Ok(None) => return refuse(Refusal::CursorTrimmed),

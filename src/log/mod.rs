@@ -33,6 +33,7 @@ pub mod io;
 pub mod record;
 pub mod redis;
 pub mod segment;
+mod shared;
 #[cfg(test)]
 mod sim;
 mod store;
@@ -70,7 +71,22 @@ pub struct Log {
     store: Arc<Store>,
     tx: mpsc::Sender<Op>,
     writer: Mutex<Option<writer::Handle>>,
+    /// `log.backend = "redis"`: the shared log and its writer task (the local writer is `None`).
+    shared: Option<(Arc<shared::SharedLog>, SharedTask)>,
     failures: Mutex<Option<mpsc::UnboundedReceiver<SessionId>>>,
+}
+
+/// The shared log's writer task, taken when the log closes.
+type SharedTask = Mutex<Option<tokio::task::JoinHandle<()>>>;
+
+/// What the shared log (`log.backend = "redis"`) needs besides `[log]`.
+#[derive(Clone, Debug)]
+pub struct SharedSettings {
+    /// `cluster.replica_id`.
+    pub replica_id: String,
+    /// Seconds an ended session's log is kept (`sessions.retain_ended_secs`, or longer for
+    /// tasks): Redis expires its keys then.
+    pub retain_secs: u64,
 }
 
 impl std::fmt::Debug for Log {
@@ -126,12 +142,100 @@ impl Log {
             store,
             tx,
             writer: Mutex::new(Some(handle)),
+            shared: None,
             failures: Mutex::new(Some(failures_rx)),
         });
         // The open record (with this run's durability) and the sealed epochs are durable before
         // any event of this run is written: a later recovery knows which run wrote the tail.
         log.flush().await?;
         Ok((log, rec, interrupted))
+    }
+
+    /// Opens the log on Redis (`log.backend = "redis"`): connects (a single server or a
+    /// Cluster), checks that the server keeps `durability = "fsync"` when asked for it, and ends
+    /// the sessions a previous run of this replica left live (a -32091 for each request they had
+    /// in flight, then their end markers, written by one fenced takeover each).
+    ///
+    /// # Errors
+    /// [`Error::Store`]: [`StoreError::Durability`] naming the server setting that breaks the
+    /// durability asked for; [`StoreError::Shared`] when Redis cannot be reached.
+    pub async fn open_shared(
+        cfg: &LogConfig,
+        settings: &SharedSettings,
+        metrics: Metrics,
+    ) -> Result<(Arc<Log>, Recovery, Vec<Interrupted>)> {
+        let dir = cfg.dir.clone();
+        io::OsDir::create_private(&dir).map_err(|e| StoreError::io("create data directory", e))?;
+        let keys = Keyring::load_or_create(&dir)?;
+        let sh = redis::Shared::connect(&cfg.redis.url, &cfg.redis.key_prefix)
+            .await
+            .map_err(|e| StoreError::Shared(e.to_string()))?;
+        if cfg.durability == crate::config::Durability::Fsync {
+            let refusal = sh
+                .fsync_refusal()
+                .await
+                .map_err(|e| StoreError::Shared(e.to_string()))?;
+            if let Some(why) = refusal {
+                return Err(StoreError::Durability(why).into());
+            }
+        }
+        let mut inc = [0u8; 8];
+        getrandom::getrandom(&mut inc).expect("OS random source");
+        let sh = Arc::new(shared::SharedLog {
+            shared: sh,
+            owner: format!("{}/{:016x}", settings.replica_id, u64::from_le_bytes(inc)),
+            replica: settings.replica_id.clone(),
+            retain_secs: settings.retain_secs,
+        });
+        let (ended, aborted) = sh
+            .end_previous()
+            .await
+            .map_err(|e| StoreError::Shared(e.to_string()))?;
+        for _ in 0..ended {
+            metrics.session_ended(EndReason::UpstreamLost);
+        }
+        metrics.inflight_aborted.inc_by(aborted as u64);
+        let (failures_tx, failures_rx) = mpsc::unbounded_channel();
+        let fs: Arc<dyn io::Dir> = Arc::new(io::OsDir::new(&dir));
+        let store = Arc::new(Store::new(cfg, metrics, fs, keys, None, failures_tx));
+        let (tx, rx) = mpsc::channel(4096);
+        let task = tokio::spawn(shared::run(store.clone(), sh.clone(), rx));
+        let rec = Recovery {
+            clean: ended == 0,
+            sessions: ended,
+            live: ended,
+            inflight: aborted,
+            ..Recovery::default()
+        };
+        let log = Arc::new(Log {
+            store,
+            tx,
+            writer: Mutex::new(None),
+            shared: Some((sh, Mutex::new(Some(task)))),
+            failures: Mutex::new(Some(failures_rx)),
+        });
+        Ok((log, rec, Vec::new()))
+    }
+
+    /// Which backend holds the log.
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// The log of session `id`, live or ended, if this proxy holds it or (shared log) the shared
+    /// log has its ended history.
+    pub async fn lookup(&self, id: &SessionId) -> Option<Arc<SessionLog>> {
+        if let Some(sl) = self.get(id) {
+            return Some(sl);
+        }
+        let (sh, _) = self.shared.as_ref()?;
+        match sh.lookup(&self.store, id).await {
+            Ok(sl) => sl,
+            Err(e) => {
+                tracing::error!(error = %e, "looking a session up in the shared log failed");
+                None
+            }
+        }
     }
 
     /// Waits until `evs` fit in the writer's queue (bounded in bytes, not only in ops).
@@ -348,20 +452,42 @@ impl Log {
     ///
     /// # Errors
     /// [`Error::Store`] when a segment cannot be read or holds something else than expected.
-    pub fn read_after(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
-        read_after(sl, after, max)
+    pub async fn read_after(
+        &self,
+        sl: &SessionLog,
+        after: u64,
+        max: usize,
+    ) -> Result<Vec<Arc<Event>>> {
+        match &self.shared {
+            Some((sh, _)) => shared::read_after(sh, sl, after, max).await,
+            None => read_after(sl, after, max),
+        }
+    }
+
+    /// Like [`Log::read_after`], without waiting: the local log reads its segments; the shared
+    /// log serves only what its in-memory window holds (the tasks' few events; tasks are read by
+    /// the replica that runs them).
+    ///
+    /// # Errors
+    /// [`Error::Store`] when a segment cannot be read.
+    pub fn read_held(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
+        match &self.shared {
+            Some(_) => Ok(store::window_read(sl, after, max).unwrap_or_default()),
+            None => read_after(sl, after, max),
+        }
     }
 
     /// The event at `seq`, if retained.
     ///
     /// # Errors
     /// [`Error::Store`] when a segment cannot be read.
-    pub fn event_at(&self, sl: &SessionLog, seq: u64) -> Result<Option<Arc<Event>>> {
+    pub async fn event_at(&self, sl: &SessionLog, seq: u64) -> Result<Option<Arc<Event>>> {
         if seq == 0 {
             return Ok(None);
         }
         Ok(self
-            .read_after(sl, seq - 1, 1)?
+            .read_after(sl, seq - 1, 1)
+            .await?
             .into_iter()
             .find(|e| e.seq == seq))
     }
@@ -418,6 +544,12 @@ impl Log {
             // Stop the writer and wait, so the directory lock is released when the last handle
             // goes (a restart in the same process can reopen it).
             w.stop().await;
+        }
+        if let Some((_, task)) = &self.shared {
+            let t = task.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(t) = t {
+                let _ = t.await;
+            }
         }
         r
     }

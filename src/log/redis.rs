@@ -202,6 +202,15 @@ redis.call('HSET', KEYS[2], ARGV[3], ARGV[4])
 return {'OK'}
 "#;
 
+/// `inflight_done`. KEYS: record, in-flight. ARGV: owner, epoch, request id. A request the
+/// upstream refused leaves the in-flight hash (it will never be answered there).
+const INFLIGHT_DONE: &str = r#"
+local refused = fence(KEYS[1], ARGV[1], ARGV[2])
+if refused then return refused end
+redis.call('HDEL', KEYS[2], ARGV[3])
+return {'OK'}
+"#;
+
 /// `end`. KEYS: record, stream, in-flight, doorbell. ARGV: owner, epoch, expected head, reason,
 /// retain secs, then per event (the answers the session owes): tag, kind, payload, completes.
 /// Then the end marker; the session's keys expire after `retain secs`.
@@ -355,6 +364,7 @@ struct Scripts {
     create: Script,
     append: Script,
     inflight_add: Script,
+    inflight_done: Script,
     end: Script,
     takeover: Script,
     read: Script,
@@ -371,6 +381,7 @@ impl Scripts {
             create: Script::new(CREATE),
             append: fenced(APPEND),
             inflight_add: fenced(INFLIGHT_ADD),
+            inflight_done: fenced(INFLIGHT_DONE),
             end: fenced(END),
             takeover: Script::new(TAKEOVER),
             read: Script::new(READ),
@@ -531,11 +542,10 @@ impl Shared {
     /// Why `durability = "fsync"` cannot hold on these servers, naming the first primary at
     /// fault and its setting; `None` when every primary fsyncs before it replies.
     pub async fn fsync_refusal(&self) -> Result<Option<String>, SharedError> {
-        Ok(self
-            .persistence()
-            .await?
-            .into_iter()
-            .find_map(|(url, p)| p.fsync_refusal().map(|why| format!("{url}: {why}"))))
+        Ok(self.persistence().await?.into_iter().find_map(|(url, p)| {
+            p.fsync_refusal()
+                .map(|why| format!("{}: {why}", without_credentials(&url)))
+        }))
     }
 
     /// Creates the record of `id`, owned by `owner` in epoch 1; `Ok(false)` when it exists.
@@ -615,6 +625,30 @@ impl Shared {
             return Ok(Ok(Some(StreamTag(tag))));
         }
         Ok(answer(&r)?.map(|_| None))
+    }
+
+    /// Forgets a request in flight that the upstream refused (fenced like every write).
+    ///
+    /// # Errors
+    /// [`SharedError`] when Redis fails or answers something unexpected.
+    pub async fn inflight_done(
+        &self,
+        id: &SessionId,
+        fence: &Fence,
+        request_id: &str,
+    ) -> Written<()> {
+        let k = self.keys(id);
+        let r: Vec<String> = self
+            .scripts
+            .inflight_done
+            .key(&k.record)
+            .key(&k.inflight)
+            .arg(&fence.owner)
+            .arg(fence.epoch)
+            .arg(request_id)
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        Ok(answer(&r)?.map(|_| ()))
     }
 
     /// The owner's end of `id`: the answers it owes (`evs`), then the end marker with `reason`;
@@ -927,6 +961,17 @@ fn cluster_primaries(url: &str, nodes: &str) -> Vec<String> {
             Some(format!("{scheme}://{auth}{addr}"))
         })
         .collect()
+}
+
+/// `url` without its user and password (for messages).
+fn without_credentials(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://{host}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
 }
 
 /// An answer whose `OK` carries the new head.

@@ -894,6 +894,7 @@ impl Sim {
             max_bytes_per_session: [16 << 10, 64 << 10, 1 << 20][rng.below(3) as usize],
             max_total_bytes: [192 << 10, 512 << 10][rng.below(2) as usize],
             store_error_exit_secs: 5,
+            ..LogConfig::default()
         };
         let mut seg_size = [16 << 10, 32 << 10][rng.below(2) as usize];
         let mut cfg = cfg;

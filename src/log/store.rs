@@ -397,6 +397,55 @@ impl SessionLog {
         true
     }
 
+    /// Shared log: a durable write's events become visible (window, head, phase); at most
+    /// `max_events` are retained (the stream's `MAXLEN`).
+    pub(super) fn publish_events(&self, events: &[Arc<Event>], max_events: u64) {
+        let mut st = self.lock();
+        for ev in events {
+            st.publish(ev);
+            if ev.kind == Kind::End {
+                st.phase = Phase::Ended;
+            }
+        }
+        st.assigned = st.assigned.max(st.ranges.head);
+        let count = (st.ranges.head + 1).saturating_sub(st.ranges.oldest);
+        if count > max_events && st.phase != Phase::Ended {
+            let oldest = st.ranges.head + 1 - max_events;
+            st.ranges.oldest = oldest;
+            st.drop_window_before(oldest);
+        }
+    }
+
+    /// Shared log: a write whose reply was lost had landed, up to `head`: the window no longer
+    /// holds everything up to the head, so reads go to the shared log.
+    pub(super) fn forget_window(&self, head: u64) {
+        let mut st = self.lock();
+        st.window.clear();
+        st.window_bytes = 0;
+        st.ranges.head = head;
+        st.assigned = head;
+    }
+
+    /// Shared log: this replica was fenced; the log now stands for what the shared record holds
+    /// (read from it from now on).
+    pub(super) fn adopt(&self, ranges: &LogRanges, ended: bool) {
+        {
+            let mut st = self.lock();
+            st.window.clear();
+            st.window_bytes = 0;
+            st.ranges = ranges.clone();
+            st.assigned = ranges.head;
+            st.meta.epochs = ranges.epochs.clone();
+            st.inflight.clear();
+            if ended {
+                st.phase = Phase::Ended;
+                st.meta.ended.get_or_insert(EndReason::UpstreamLost);
+                st.meta.ended_unix.get_or_insert_with(unix_now);
+            }
+        }
+        self.wake();
+    }
+
     /// The meta as JSON, for its record.
     pub(super) fn meta_json(&self) -> Vec<u8> {
         serde_json::to_vec(&self.lock().meta).expect("meta serialises")
@@ -721,6 +770,21 @@ pub(crate) fn new_session_log(
         head: 0,
     };
     Arc::new(SessionLog::new(id, store.keys.tag(&id.0), ranges, meta))
+}
+
+/// The events after `after` when the in-memory window holds them (or there are none to read):
+/// `None` when they must be read from storage.
+pub(crate) fn window_read(sl: &SessionLog, after: u64, max: usize) -> Option<Vec<Arc<Event>>> {
+    let st = sl.lock();
+    if after >= st.ranges.head || max == 0 {
+        return Some(Vec::new());
+    }
+    let front = st.window.front()?;
+    if front.seq > after + 1 {
+        return None;
+    }
+    let skip = (after + 1 - front.seq) as usize;
+    Some(st.window.iter().skip(skip).take(max).cloned().collect())
 }
 
 /// See [`Log::read_after`] (the simulator reads without a handle).

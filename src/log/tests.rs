@@ -17,6 +17,7 @@ fn cfg(dir: &std::path::Path, durability: Durability) -> LogConfig {
         max_bytes_per_session: 1 << 20,
         max_total_bytes: 1 << 30,
         store_error_exit_secs: 60,
+        ..LogConfig::default()
     }
 }
 
@@ -50,7 +51,7 @@ async fn end_interrupted(log: &Log, interrupted: Vec<Interrupted>) {
 
 /// Every retained event of `sl` with its `i`, read from seq 0.
 fn all(log: &Log, sl: &SessionLog) -> Vec<(u64, Kind)> {
-    log.read_after(sl, 0, 1_000_000)
+    log.read_held(sl, 0, 1_000_000)
         .unwrap()
         .iter()
         .map(|e| (e.seq, e.kind))
@@ -73,7 +74,7 @@ async fn appends_get_consecutive_seqs_and_read_back_in_order() {
     assert_eq!(sl.head(), 500);
     // From the window (recent) and from the segment (older than the window): same answer.
     for after in [0u64, 10, 371, 499] {
-        let evs = log.read_after(&sl, after, 1000).unwrap();
+        let evs = log.read_held(&sl, after, 1000).unwrap();
         let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
         assert_eq!(
             seqs,
@@ -85,9 +86,9 @@ async fn appends_get_consecutive_seqs_and_read_back_in_order() {
             assert_eq!(msg_i(&e.payload), e.seq);
         }
     }
-    assert!(log.read_after(&sl, 500, 10).unwrap().is_empty());
+    assert!(log.read_held(&sl, 500, 10).unwrap().is_empty());
     assert_eq!(
-        log.read_after(&sl, 3, 4).unwrap().len(),
+        log.read_held(&sl, 3, 4).unwrap().len(),
         4,
         "max is honoured"
     );
@@ -113,7 +114,7 @@ async fn retention_trims_oldest_by_count_and_bytes_never_the_head() {
     assert!(r.oldest > 150);
     // Reading from before the retained window returns the oldest retained first: a gap the
     // caller must see.
-    let evs = log.read_after(&sl, 10, 5).unwrap();
+    let evs = log.read_held(&sl, 10, 5).unwrap();
     assert_eq!(evs[0].seq, r.oldest);
     let cur = Cursor {
         session: sl.id,
@@ -153,7 +154,7 @@ async fn chunked_turns_trim_exactly_and_read_back_from_every_cursor() {
     assert_eq!(sl.bytes(), bytes);
     let check = |log: &Log, sl: &SessionLog, head: u64| {
         for after in 700..=head {
-            let evs = log.read_after(sl, after, 10_000).unwrap();
+            let evs = log.read_held(sl, after, 10_000).unwrap();
             let first = (after + 1).max(731);
             let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
             assert_eq!(seqs, (first..=head).collect::<Vec<_>>(), "after {after}");
@@ -221,7 +222,7 @@ async fn clean_restart_keeps_the_epoch_and_hands_back_live_sessions_with_what_th
     assert!(sl.end_published());
     let r = sl.ranges();
     assert_eq!(r.epochs.len(), 1, "clean stop: no seal");
-    let evs = log.read_after(&sl, 2, 10).unwrap();
+    let evs = log.read_held(&sl, 2, 10).unwrap();
     assert_eq!(evs.len(), 2, "abort for request 7, then the end marker");
     let abort: serde_json::Value = serde_json::from_slice(&evs[0].payload).unwrap();
     assert_eq!(abort["id"], 7);
@@ -269,7 +270,7 @@ async fn unclean_stop_seals_the_epoch_in_both_modes() {
         let sl = log.get(&id).unwrap();
         let r = sl.ranges();
         assert_eq!(r.head, 21, "the end marker follows the 20 events");
-        let end = log.read_after(&sl, 20, 1).unwrap();
+        let end = log.read_held(&sl, 20, 1).unwrap();
         assert_eq!(r.epochs[0].last, Some(20));
         assert_eq!((r.epochs[1].epoch, r.epochs[1].first), (2, 21));
         assert_eq!(end[0].epoch, 2, "events after the seal carry the new epoch");
@@ -522,7 +523,7 @@ async fn out_of_space_rejects_the_turn_reports_the_session_and_recovers() {
         "only the other session was live"
     );
     let sl = log.get(&id).unwrap();
-    let evs = log.read_after(&sl, 0, 100).unwrap();
+    let evs = log.read_held(&sl, 0, 100).unwrap();
     assert_eq!(evs.len(), 12);
     for e in evs.iter().take(10) {
         assert_eq!(msg_i(&e.payload), e.seq);
@@ -617,7 +618,7 @@ async fn compaction_keeps_the_files_near_the_live_records() {
     assert_eq!(on_disk, disk, "the gauge is what the files hold");
     let check = |log: &Log, sl: &SessionLog| {
         let r = sl.ranges();
-        let evs = log.read_after(sl, r.oldest - 1, 10_000).unwrap();
+        let evs = log.read_held(sl, r.oldest - 1, 10_000).unwrap();
         let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
         assert_eq!(seqs, (r.oldest..=r.head).collect::<Vec<_>>());
         for e in evs.iter().filter(|e| e.kind == Kind::Message) {
@@ -677,7 +678,7 @@ async fn the_total_bound_evicts_ended_sessions_then_trims_live_ones() {
     assert!(log.get(&ended.id).is_none(), "the ended session went first");
     assert!(live.ranges().oldest > 1, "then the live one was trimmed");
     let r = live.ranges();
-    let evs = log.read_after(&live, r.oldest - 1, 1000).unwrap();
+    let evs = log.read_held(&live, r.oldest - 1, 1000).unwrap();
     assert_eq!(evs.len() as u64, r.head + 1 - r.oldest);
     log.close().await.unwrap();
 }
@@ -709,7 +710,7 @@ async fn reads_racing_trims_are_contiguous_or_report_the_trim() {
                 x ^= x << 17;
                 // Old cursors (often trimmed by the time the read runs) and ones in the window.
                 let after = r.oldest.saturating_sub(20) + x % (r.head - r.oldest.min(r.head) + 21);
-                let evs = log.read_after(&sl, after, 300).unwrap();
+                let evs = log.read_held(&sl, after, 300).unwrap();
                 reads += 1;
                 let Some(first) = evs.first() else { continue };
                 if first.seq != after + 1 {

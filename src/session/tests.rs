@@ -77,7 +77,7 @@ fn call(id: u64, tool: &str, args: Value, token: Option<&str>) -> Value {
 fn events(fx: &Fx, s: &Session) -> Vec<(StreamTag, Kind, Value)> {
     fx.reg
         .log
-        .read_after(&s.log, 0, 100_000)
+        .read_held(&s.log, 0, 100_000)
         .unwrap()
         .iter()
         .map(|e| {

@@ -205,6 +205,16 @@ impl Client {
         (c, evs, raw)
     }
 
+    /// The same session, sent to another proxy (another replica).
+    pub fn at(&self, addr: SocketAddr) -> Client {
+        Client {
+            addr,
+            session: self.session.clone(),
+            version: self.version.clone(),
+            next_id: self.next_id + 100,
+        }
+    }
+
     pub fn headers(&self) -> Vec<(&str, &str)> {
         vec![
             ("mcp-session-id", self.session.as_str()),

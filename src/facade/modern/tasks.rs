@@ -516,7 +516,7 @@ impl Tasks {
 
     /// The task's creation event.
     fn creation(&self, sl: &SessionLog) -> Option<(u64, u64, u64)> {
-        let evs = self.log.read_after(sl, 0, 1).ok()?;
+        let evs = self.log.read_held(sl, 0, 1).ok()?;
         let c = evs.first().filter(|e| e.seq == 1)?;
         let v: Value = serde_json::from_slice(&c.payload).ok()?;
         let t = v.get("task")?;
@@ -533,7 +533,7 @@ impl Tasks {
     /// by an earlier run).
     fn read(&self, sl: &SessionLog) -> Option<Value> {
         let (created, ttl, poll) = self.creation(sl)?;
-        let evs = self.log.read_after(sl, 0, 16).ok()?;
+        let evs = self.log.read_held(sl, 0, 16).ok()?;
         let fin = evs
             .iter()
             .find(|e| e.kind == Kind::Final)

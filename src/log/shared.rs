@@ -1,0 +1,646 @@
+//! The log on Redis (`log.backend = "redis"`, design.md §13): the owner's writer and the reads
+//! beyond the in-memory window, over the fenced scripts of [`super::redis`].
+//!
+//! The writer takes the same ops as the local writer ([`super::store::Op`]), from the same
+//! bounded channel, and publishes into the same [`SessionLog`]s (window, head watch, ranges), so
+//! the registry, the streams and the resume checks do not know which backend is under them. A
+//! turn takes every op queued, groups them by session (order kept within a session) and runs the
+//! sessions' scripts concurrently on one multiplexed connection (pipelined); a session's
+//! consecutive appends are one `append` script (group commit). An op is acknowledged, and its
+//! events published, only once Redis answered the script: with `appendfsync always` that is
+//! after Redis's own fsync (the durability gate at open checks it).
+//!
+//! **Fenced writes.** A script refused by the fence (another owner or epoch, the record lost or
+//! rewound) ends the session on this replica: it is counted (`mcp_resume_fenced_total`), its
+//! producers learn it as a storage failure, and its log *adopts* what Redis holds — readers
+//! then read the record's history (another replica's takeover: every event, the -32091s and the
+//! end), or end when the record is gone (resumes get 404).
+//!
+//! **Unknown outcomes.** A script whose reply is lost (Redis unreachable) may or may not have
+//! run: the session takes no more appends (its producers are told, as for a failed disk write),
+//! and its end is retried until Redis answers. The batch token of the last write tells the
+//! retry whether the lost write landed: if it did, the end goes after it and readers read the
+//! landed events from Redis; never under the same ids again.
+//!
+//! **Restart.** Sessions live under this replica's name (`cluster.replica_id`) in a per-replica
+//! set; the owner's fence carries the replica and a random incarnation. A start ends every live
+//! session a previous incarnation of this replica left (a takeover: the epoch sealed at the head,
+//! a -32091 for each request in flight, the end marker), so late resumers get the whole history.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::mpsc;
+
+use super::cursor::SessionId;
+use super::event::{unix_now, Event, Kind, NewEvent, SessionMeta};
+use super::redis::{Fence, Record, Refused, Shared, SharedError};
+use super::store::{window_read, Ack, Op, SessionLog, Store};
+use crate::domain::EndReason;
+use crate::error::{Error, Result, StoreError};
+
+/// Ops one turn takes at most.
+const MAX_OPS: usize = 1024;
+/// How often an end that Redis did not take is retried.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// What the backend needs besides the store: the server, who this replica is, how long an
+/// ended session's keys live.
+#[derive(Debug)]
+pub(crate) struct SharedLog {
+    pub(crate) shared: Shared,
+    /// `<replica>/<incarnation>`: the fence's owner.
+    pub(crate) owner: String,
+    /// `cluster.replica_id`.
+    pub(crate) replica: String,
+    /// Seconds an ended session's keys are kept (then Redis expires them).
+    pub(crate) retain_secs: u64,
+}
+
+fn shared_err(e: SharedError) -> StoreError {
+    StoreError::Shared(e.to_string())
+}
+
+impl SharedLog {
+    fn fence(&self, sl: &SessionLog) -> Fence {
+        Fence {
+            owner: self.owner.clone(),
+            epoch: sl.ranges().current_epoch(),
+        }
+    }
+
+    /// Ends the sessions a previous incarnation of this replica left live; returns how many, and
+    /// the requests they had in flight (answered -32091 by the takeover).
+    pub(crate) async fn end_previous(&self) -> std::result::Result<(usize, usize), SharedError> {
+        let (mut ended, mut aborted) = (0, 0);
+        for id in self.shared.owned(&self.replica).await? {
+            let Some((rec, _)) = self.shared.read(&id, u64::MAX, 1).await? else {
+                continue;
+            };
+            if rec.ended.is_some() || rec.fence.owner == self.owner {
+                continue;
+            }
+            let msg = format!(
+                "request aborted: upstream session ended ({})",
+                EndReason::UpstreamLost.as_str()
+            );
+            match self
+                .shared
+                .takeover(
+                    &id,
+                    &rec.fence,
+                    &self.owner,
+                    EndReason::UpstreamLost.as_str(),
+                    &msg,
+                    self.retain_secs,
+                )
+                .await?
+            {
+                Ok(t) => {
+                    ended += 1;
+                    aborted += t.aborted;
+                }
+                Err(r) => {
+                    tracing::warn!(refused = ?r, "a session of this replica's previous run was ended elsewhere meanwhile")
+                }
+            }
+        }
+        self.shared.disown_all(&self.replica).await?;
+        Ok((ended, aborted))
+    }
+
+    /// The log of a session this process does not hold, as Redis has it: an ended session's
+    /// history (after a restart of its owner, or its takeover). `None` when Redis has no record,
+    /// or the session is live under another owner (served by that owner).
+    pub(crate) async fn lookup(
+        &self,
+        store: &Store,
+        id: &SessionId,
+    ) -> Result<Option<Arc<SessionLog>>> {
+        let Some((rec, _)) = self
+            .shared
+            .read(id, u64::MAX, 1)
+            .await
+            .map_err(|e| Error::Store(shared_err(e)))?
+        else {
+            return Ok(None);
+        };
+        Ok(mirror(store, id, &rec))
+    }
+}
+
+/// A read-only log of an ended session from its record (its events are read from Redis).
+fn mirror(store: &Store, id: &SessionId, rec: &Record) -> Option<Arc<SessionLog>> {
+    let reason = rec.ended.as_deref()?;
+    let mut meta: SessionMeta = serde_json::from_str(&rec.meta).ok()?;
+    meta.ended = Some(
+        serde_json::from_value(serde_json::Value::String(reason.to_string()))
+            .unwrap_or(EndReason::UpstreamLost),
+    );
+    meta.ended_unix.get_or_insert_with(unix_now);
+    meta.epochs = rec.ranges.epochs.clone();
+    Some(Arc::new(SessionLog::new(
+        *id,
+        store.keys.tag(&id.0),
+        rec.ranges.clone(),
+        meta,
+    )))
+}
+
+/// Up to `max` events after `after`: from the window when it covers them, else from Redis (see
+/// [`super::Log::read_after`]).
+pub(crate) async fn read_after(
+    sh: &SharedLog,
+    sl: &SessionLog,
+    after: u64,
+    max: usize,
+) -> Result<Vec<Arc<Event>>> {
+    if let Some(evs) = window_read(sl, after, max) {
+        return Ok(evs);
+    }
+    match sh.shared.read(&sl.id, after, max).await {
+        Ok(Some((_, evs))) => {
+            let head = sl.head();
+            Ok(evs
+                .into_iter()
+                .filter(|e| e.seq > after && e.seq <= head)
+                .take(max)
+                .map(Arc::new)
+                .collect())
+        }
+        Ok(None) => {
+            // Redis lost the record (a restart without persistence, `FLUSHALL`): nothing of this
+            // session can be served any more; readers end and resumes get 404.
+            tracing::error!(session = %sl.tag, "the shared log has no record of this session any more");
+            sl.clear_removed();
+            sl.wake();
+            Ok(Vec::new())
+        }
+        Err(e) => Err(Error::Store(shared_err(e))),
+    }
+}
+
+/// An end Redis has not taken yet.
+struct PendingEnd {
+    log: Arc<SessionLog>,
+    reason: EndReason,
+    evs: Vec<NewEvent>,
+}
+
+/// Per-session writer state.
+#[derive(Default)]
+struct Written {
+    /// Token of the last write whose outcome is unknown (its reply was lost).
+    unknown: Option<String>,
+}
+
+/// Runs the writer until every sender is gone or the log is closed.
+pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Receiver<Op>) {
+    let mut pending: Vec<PendingEnd> = Vec::new();
+    let mut written: BTreeMap<SessionId, Written> = BTreeMap::new();
+    let mut tokens = 0u64;
+    let mut closed = false;
+    loop {
+        let mut ops = Vec::new();
+        if pending.is_empty() {
+            match rx.recv().await {
+                Some(op) => ops.push(op),
+                None => return,
+            }
+        } else {
+            tokio::select! {
+                op = rx.recv() => match op {
+                    Some(op) => ops.push(op),
+                    None => return,
+                },
+                _ = tokio::time::sleep(RETRY) => {}
+            }
+        }
+        while ops.len() < MAX_OPS {
+            match rx.try_recv() {
+                Ok(op) => ops.push(op),
+                Err(_) => break,
+            }
+        }
+        let mut turn = Turn::default();
+        for pe in std::mem::take(&mut pending) {
+            turn.session(pe.log.id).push(Step::End(pe, None));
+        }
+        for op in ops {
+            if closed {
+                reject(op, StoreError::Stopped);
+                continue;
+            }
+            turn.plan(op, &mut closed);
+        }
+        let mut jobs = tokio::task::JoinSet::new();
+        for (id, steps) in std::mem::take(&mut turn.sessions) {
+            let w = written.remove(&id).unwrap_or_default();
+            let base = tokens;
+            tokens += steps.len() as u64 + 1;
+            let (store, sh) = (store.clone(), sh.clone());
+            jobs.spawn(async move { run_session(&store, &sh, id, steps, w, base).await });
+        }
+        while let Some(r) = jobs.join_next().await {
+            if let Ok((id, w, ends)) = r {
+                if w.unknown.is_some() {
+                    written.insert(id, w);
+                }
+                pending.extend(ends);
+            }
+        }
+        if pending.is_empty() {
+            store.set_health(super::store::Health::Ok);
+        } else {
+            store.set_health(super::store::Health::Degraded);
+        }
+        for a in turn.acks {
+            let _ = a.send(Ok(0));
+        }
+        if closed && pending.is_empty() {
+            let _ = sh.shared.disown_all(&sh.replica).await;
+            return;
+        }
+    }
+}
+
+/// A session's work in one turn, in order.
+enum Step {
+    Create(Arc<SessionLog>, Ack),
+    Append(Arc<SessionLog>, Vec<NewEvent>, Vec<(Ack, usize)>),
+    Inflight(Arc<SessionLog>, String, super::event::StreamTag, Ack),
+    InflightDone(Arc<SessionLog>, String, Ack),
+    End(PendingEnd, Option<Ack>),
+    Remove(SessionId, Ack),
+}
+
+#[derive(Default)]
+struct Turn {
+    sessions: BTreeMap<SessionId, Vec<Step>>,
+    /// Flushes, make-rooms and the close: acknowledged once every session's work of the turn is
+    /// answered.
+    acks: Vec<Ack>,
+}
+
+impl Turn {
+    fn session(&mut self, id: SessionId) -> &mut Vec<Step> {
+        self.sessions.entry(id).or_default()
+    }
+
+    fn plan(&mut self, op: Op, closed: &mut bool) {
+        match op {
+            Op::Create { log, done } => self.session(log.id).push(Step::Create(log, done)),
+            Op::Append { log, evs, done, .. } => {
+                let steps = self.session(log.id);
+                // Consecutive appends of one session are one script (group commit).
+                if let Some(Step::Append(_, all, acks)) = steps.last_mut() {
+                    let at = all.len() + evs.len();
+                    all.extend(evs);
+                    if let Some(d) = done {
+                        acks.push((d, at));
+                    }
+                } else {
+                    let n = evs.len();
+                    steps.push(Step::Append(
+                        log,
+                        evs,
+                        done.map(|d| vec![(d, n)]).unwrap_or_default(),
+                    ));
+                }
+            }
+            Op::Inflight {
+                log,
+                request_id,
+                stream,
+                done,
+            } => self
+                .session(log.id)
+                .push(Step::Inflight(log, request_id, stream, done)),
+            Op::InflightDone {
+                log,
+                request_id,
+                done,
+            } => self
+                .session(log.id)
+                .push(Step::InflightDone(log, request_id, done)),
+            Op::End {
+                log,
+                reason,
+                evs,
+                done,
+                ..
+            } => {
+                if !log.begin_end(reason) {
+                    // Idempotent: already ended or on its way.
+                    let _ = done.send(Ok(0));
+                    return;
+                }
+                self.session(log.id)
+                    .push(Step::End(PendingEnd { log, reason, evs }, Some(done)));
+            }
+            Op::Remove { session, done } => self.session(session).push(Step::Remove(session, done)),
+            // Redis's memory is bounded by the session retention and the keys' expiry; there is
+            // nothing to evict here.
+            Op::MakeRoom { done, .. } | Op::Flush { done } => self.acks.push(done),
+            Op::Close { done } => {
+                *closed = true;
+                self.acks.push(done);
+            }
+        }
+    }
+}
+
+fn reject(op: Op, e: StoreError) {
+    let done = match op {
+        Op::Create { done, .. }
+        | Op::Inflight { done, .. }
+        | Op::InflightDone { done, .. }
+        | Op::End { done, .. }
+        | Op::Remove { done, .. }
+        | Op::MakeRoom { done, .. }
+        | Op::Flush { done }
+        | Op::Close { done } => Some(done),
+        Op::Append { done, .. } => done,
+    };
+    if let Some(d) = done {
+        let _ = d.send(Err(e));
+    }
+}
+
+/// The events of a write, with their seqs and epoch, as readers will see them.
+fn events(evs: &[NewEvent], first: u64, epoch: u32) -> Vec<Arc<Event>> {
+    evs.iter()
+        .enumerate()
+        .map(|(i, e)| {
+            Arc::new(Event {
+                seq: first + i as u64,
+                epoch,
+                stream: e.stream,
+                kind: e.kind,
+                payload: e.payload.clone(),
+            })
+        })
+        .collect()
+}
+
+/// The end marker's payload, byte for byte what the `end` script writes.
+fn marker(reason: EndReason) -> Bytes {
+    Bytes::from(serde_json::json!({"reason": reason.as_str()}).to_string())
+}
+
+/// Runs one session's steps of a turn, in order; returns its state and the ends still owed.
+async fn run_session(
+    store: &Store,
+    sh: &SharedLog,
+    id: SessionId,
+    steps: Vec<Step>,
+    mut w: Written,
+    mut token: u64,
+) -> (SessionId, Written, Vec<PendingEnd>) {
+    let mut owed = Vec::new();
+    for step in steps {
+        token += 1;
+        let batch = format!("{}:{token}", sh.owner);
+        match step {
+            Step::Create(log, done) => {
+                let r = async {
+                    sh.shared.own(&sh.replica, &log.id).await?;
+                    let meta = String::from_utf8(log.meta_json()).expect("JSON is UTF-8");
+                    sh.shared.create(&log.id, &sh.owner, &meta).await
+                }
+                .await;
+                let _ = done.send(match r {
+                    Ok(true) => {
+                        store.lock_logs().entry(log.id).or_insert(log);
+                        Ok(0)
+                    }
+                    Ok(false) => Err(StoreError::Shared("session id already taken".into())),
+                    Err(e) => Err(shared_err(e)),
+                });
+            }
+            Step::Append(log, evs, acks) => {
+                let fail = |e: StoreError, acks: Vec<(Ack, usize)>| {
+                    for (d, _) in acks {
+                        let _ = d.send(Err(e.clone()));
+                    }
+                };
+                if !log.takes_appends() {
+                    fail(StoreError::SessionEnded, acks);
+                    continue;
+                }
+                let head = log.head();
+                let epoch = log.ranges().current_epoch();
+                let r = sh
+                    .shared
+                    .append(
+                        &log.id,
+                        &sh.fence(&log),
+                        head,
+                        &batch,
+                        &evs,
+                        Some(store.max_events),
+                    )
+                    .await;
+                match r {
+                    Ok(Ok(new_head)) if new_head == head + evs.len() as u64 => {
+                        let published = events(&evs, head + 1, epoch);
+                        publish(store, &log, &published, &evs);
+                        for (d, at) in acks {
+                            let _ = d.send(Ok(head + at as u64));
+                        }
+                    }
+                    Ok(Ok(other)) => {
+                        // Cannot happen (the script appends exactly what it is given): stop.
+                        tracing::error!(session = %log.tag, head, other, "the shared log's head moved unexpectedly");
+                        lost(store, &log);
+                        fail(StoreError::Fenced, acks);
+                    }
+                    Ok(Err(refused)) => {
+                        fenced(store, sh, &log, &refused).await;
+                        fail(StoreError::Fenced, acks);
+                    }
+                    Err(e) => {
+                        tracing::error!(session = %log.tag, error = %e, "an append to the shared log has an unknown outcome; the session takes no more appends");
+                        store.metrics.store_errors.inc();
+                        w.unknown = Some(batch);
+                        lost(store, &log);
+                        fail(shared_err(e), acks);
+                    }
+                }
+            }
+            Step::Inflight(log, request_id, stream, done) => {
+                let r = sh
+                    .shared
+                    .inflight_add(&log.id, &sh.fence(&log), &request_id, stream)
+                    .await;
+                let _ = done.send(match r {
+                    Ok(Ok(_)) => {
+                        log.set_inflight(request_id, stream);
+                        Ok(0)
+                    }
+                    Ok(Err(refused)) => {
+                        fenced(store, sh, &log, &refused).await;
+                        Err(StoreError::Fenced)
+                    }
+                    Err(e) => {
+                        store.metrics.store_errors.inc();
+                        Err(shared_err(e))
+                    }
+                });
+            }
+            Step::InflightDone(log, request_id, done) => {
+                let r = sh
+                    .shared
+                    .inflight_done(&log.id, &sh.fence(&log), &request_id)
+                    .await;
+                let _ = done.send(match r {
+                    Ok(Ok(())) => {
+                        log.clear_inflight(&request_id);
+                        Ok(0)
+                    }
+                    Ok(Err(refused)) => {
+                        fenced(store, sh, &log, &refused).await;
+                        Err(StoreError::Fenced)
+                    }
+                    Err(e) => {
+                        store.metrics.store_errors.inc();
+                        Err(shared_err(e))
+                    }
+                });
+            }
+            Step::End(pe, done) => match end(store, sh, &pe, &mut w).await {
+                Ok(()) => {
+                    if let Some(d) = done {
+                        let _ = d.send(Ok(0));
+                    }
+                }
+                Err(e) => {
+                    if let Some(d) = done {
+                        let _ = d.send(Err(e));
+                    }
+                    owed.push(pe);
+                }
+            },
+            Step::Remove(id, done) => {
+                let log = store.lock_logs().remove(&id);
+                if let Some(l) = log {
+                    l.clear_removed();
+                    l.wake();
+                }
+                let _ = done.send(Ok(0));
+            }
+        }
+    }
+    (id, w, owed)
+}
+
+/// Writes an end (its answers, then the marker); `Err` when Redis must be asked again.
+async fn end(
+    store: &Store,
+    sh: &SharedLog,
+    pe: &PendingEnd,
+    w: &mut Written,
+) -> std::result::Result<(), StoreError> {
+    let log = &pe.log;
+    let mut head = log.head();
+    let epoch = log.ranges().current_epoch();
+    for _ in 0..2 {
+        let r = sh
+            .shared
+            .end(
+                &log.id,
+                &sh.fence(log),
+                head,
+                pe.reason.as_str(),
+                &pe.evs,
+                sh.retain_secs,
+            )
+            .await;
+        match r {
+            Ok(Ok(new_head)) => {
+                w.unknown = None;
+                if new_head != head + pe.evs.len() as u64 + 1 {
+                    tracing::error!(session = %log.tag, head, new_head, "the shared log's head moved unexpectedly at the end");
+                }
+                let mut published = events(&pe.evs, head + 1, epoch);
+                published.push(Arc::new(Event {
+                    seq: head + pe.evs.len() as u64 + 1,
+                    epoch,
+                    stream: super::event::StreamTag::LEGACY,
+                    kind: Kind::End,
+                    payload: marker(pe.reason),
+                }));
+                publish(store, log, &published, &pe.evs);
+                return Ok(());
+            }
+            Ok(Err(Refused::Head {
+                head: theirs,
+                batch: b,
+            })) if w.unknown.as_deref() == Some(b.as_str()) => {
+                // Our write whose reply was lost did land: its events are in Redis, not in the
+                // window. Readers read them from Redis from now on; the end goes after them.
+                tracing::warn!(session = %log.tag, "a write whose reply was lost had landed; its events are served from the shared log");
+                log.forget_window(theirs);
+                head = theirs;
+                w.unknown = None;
+            }
+            Ok(Err(refused)) => {
+                fenced(store, sh, log, &refused).await;
+                return Ok(());
+            }
+            Err(e) => {
+                store.metrics.store_errors.inc();
+                tracing::error!(session = %log.tag, error = %e, "the shared log did not take a session's end; retrying");
+                return Err(shared_err(e));
+            }
+        }
+    }
+    Err(StoreError::Shared("the end could not be placed".into()))
+}
+
+/// Makes a written batch visible: window, head, in-flight, metrics; wakes readers.
+fn publish(store: &Store, log: &SessionLog, published: &[Arc<Event>], evs: &[NewEvent]) {
+    for e in evs {
+        if let Some(c) = &e.completes {
+            log.clear_inflight(c);
+        }
+    }
+    log.publish_events(published, store.max_events);
+    store.metrics.logged.inc_by(published.len() as u64);
+    for e in evs {
+        store
+            .metrics
+            .append_seconds
+            .observe(e.received.elapsed().as_secs_f64());
+    }
+    log.wake();
+}
+
+/// The session's events could not be logged: it takes no more appends and the registry ends it.
+fn lost(store: &Store, log: &SessionLog) {
+    log.roll_back();
+    if log.mark_failed() {
+        let _ = store.failures.send(log.id);
+    }
+}
+
+/// A fenced write: counted, logged, the session ended here, its log adopting what Redis holds.
+async fn fenced(store: &Store, sh: &SharedLog, log: &SessionLog, refused: &Refused) {
+    store.metrics.fenced.inc();
+    tracing::error!(session = %log.tag, refused = ?refused, "a write to the shared log was fenced: this replica no longer owns the session; ending it here");
+    lost(store, log);
+    match sh.shared.read(&log.id, u64::MAX, 1).await {
+        Ok(Some((rec, _))) => log.adopt(&rec.ranges, rec.ended.is_some()),
+        Ok(None) => {
+            // Redis lost the record: nothing of the session can be served as complete.
+            store.lock_logs().remove(&log.id);
+            log.clear_removed();
+            log.wake();
+        }
+        Err(e) => {
+            tracing::error!(session = %log.tag, error = %e, "reading the fenced session's record failed");
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The proxy with `log.backend = "redis"` (design.md §13) on a real `redis-server` (Debian's
+//! package, started on loopback by the tests) in front of a real legacy upstream (Python
+//! FastMCP): events are logged on Redis before any client sees them and resumed from it exactly;
+//! an ended session's history is served by another replica from Redis alone; a restarted replica
+//! ends what its previous run left live (every logged event, the -32091, the end, then 404); a
+//! fenced owner stops writing and its clients get the taker's history; Redis losing the data
+//! refuses every resume; `durability = "fsync"` refuses a server without `appendfsync always`.
+//!
+//! Run: `cargo test --test redis_backend` (after `scripts/install-peers`).
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use mcp_resume_proxy::config::Backend;
+use mcp_resume_proxy::log::cursor::SessionId;
+use mcp_resume_proxy::log::redis::Shared;
+use serde_json::{json, Value};
+use support::redis::{Persist, RedisServer};
+use support::streamable::*;
+use support::*;
+
+const PREFIX: &str = "mcp-resume";
+
+async fn proxy(up: &Upstream, redis: &RedisServer, replica: &str) -> Proxy {
+    let (url, replica) = (redis.url(), replica.to_string());
+    Proxy::start(up, move |c| {
+        c.log.backend = Backend::Redis;
+        c.log.redis.url = url;
+        c.cluster.replica_id = replica;
+    })
+    .await
+}
+
+fn desc(evs: &[Ev]) -> Vec<String> {
+    evs.iter()
+        .filter(|e| !e.is_priming())
+        .map(Ev::describe)
+        .collect()
+}
+
+/// `progress a` .. `progress b`.
+fn progress(a: u32, b: u32) -> Vec<String> {
+    (a..=b)
+        .map(|i| format!("progress {}", f64::from(i)))
+        .collect()
+}
+
+/// A slow `tick` call: `n` progress notifications, `ms` apart.
+fn tick(n: u32, ms: u32) -> Value {
+    json!({"n": n, "interval_ms": ms})
+}
+
+async fn xlen(redis: &RedisServer, session: &str) -> u64 {
+    let mut c = redis.admin().await;
+    ::redis::cmd("XLEN")
+        .arg(format!("{PREFIX}:{{{session}}}:ev"))
+        .query_async(&mut c)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_call_resumes_exactly_and_another_replica_serves_the_ended_history() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let a = proxy(&up, &redis, "pod-a").await;
+    let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(6, 200), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 2")
+        .await;
+    assert_eq!(desc(&first), progress(1, 2));
+    let cursor = first.last().unwrap().id.clone().unwrap();
+    s.cut();
+
+    // The resume reads the rest, exactly, on the replica that owns the session.
+    let r = c.get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    let rest = r.sse().rest().await;
+    let mut want = progress(3, 6);
+    want.push(format!("response {id}"));
+    assert_eq!(desc(&rest), want);
+    assert_eq!(
+        rest.last().unwrap().json()["result"]["content"][0]["text"],
+        "done 6"
+    );
+    // Every event is on Redis, under its seq: the priming events and the initialize answer
+    // before, the call's stream.
+    let head = rest.last().unwrap().seq();
+    assert_eq!(xlen(&redis, &c.session).await, head);
+
+    // The session ends; another replica, which never held it, serves its history from Redis:
+    // the same events under the same ids.
+    assert_eq!(c.delete().await.status, 200);
+    let b = proxy(&up, &redis, "pod-b").await;
+    let cb = c.at(b.addr());
+    let r = cb.get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    let again = r.sse().rest().await;
+    assert_eq!(
+        again, rest,
+        "the same events, ids and bytes from the other replica"
+    );
+    // Its end marker is the end: a resume from the last answer gets 404, as on one proxy.
+    let last = again.last().unwrap().id.clone().unwrap();
+    let r = cb.get(Some(&last)).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json().await["error"]["data"]["reason"], "unknown_session");
+    // A cursor past the head is refused by the record, on either replica.
+    let ahead = format!("{}:1:{}", cb.session, head + 5);
+    let r = cb.get(Some(&ahead)).await;
+    assert_eq!(r.status, 409);
+    assert_eq!(r.json().await["error"]["data"]["reason"], "cursor_ahead");
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_replica_ends_what_its_previous_run_left_live() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let url = format!("url = \"{}\"", redis.url());
+    let extra = [
+        ("[log]", "backend = \"redis\""),
+        ("[log.redis]", url.as_str()),
+        ("[cluster]", "replica_id = \"pod-a\""),
+    ];
+    let mut p = ProxyProc::start(&up.sse_url(), &data, &extra).await;
+    let addr = format!("127.0.0.1:{}", p.port).parse().unwrap();
+    let (mut c, _) = Client::init(addr, "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(40, 100), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 3")
+        .await;
+    let cursor = first.last().unwrap().id.clone().unwrap();
+    // The pod dies mid-call.
+    p.proc.kill();
+    drop(s);
+
+    let p2 = ProxyProc::start(&up.sse_url(), &data, &extra).await;
+    let addr2 = format!("127.0.0.1:{}", p2.port).parse().unwrap();
+    let c2 = c.at(addr2);
+    let r = c2.get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    let rest = r.sse().rest().await;
+    // Whatever was logged after the cursor, contiguous and exactly once, then the call's -32091.
+    let d = desc(&rest);
+    let (answer, progressed) = d.split_last().expect("at least the abort");
+    assert_eq!(answer, &format!("error {id} -32091"));
+    assert_eq!(progressed, progress(4, 3 + progressed.len() as u32));
+    let err = rest.last().unwrap().json();
+    assert_eq!(err["error"]["code"], -32091, "{err}");
+    let seqs: Vec<u64> = rest.iter().map(Ev::seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    // Then the session is over on this replica too.
+    let last = rest.last().unwrap().id.clone().unwrap();
+    let r = c2.get(Some(&last)).await;
+    assert_eq!(r.status, 404);
+    let r = c2
+        .post(&json!({"jsonrpc":"2.0","id":99,"method":"ping"}))
+        .await;
+    assert_eq!(r.status, 404);
+    let m = http_get(&p2.metrics_url()).await.1;
+    assert_eq!(
+        metric_value(&m, "mcp_resume_inflight_aborted_total"),
+        1.0,
+        "{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_owner_stops_and_its_client_gets_the_takers_history() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let a = proxy(&up, &redis, "pod-a").await;
+    let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(20, 400), "T").await;
+    let mut seen = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 2")
+        .await;
+    // Another replica takes the session over, as it would once this one's lease lapsed: the
+    // epoch sealed at the head, a -32091 for the call in flight, the end.
+    let shared = Shared::connect(&redis.url(), PREFIX).await.unwrap();
+    let sid = SessionId::parse(&c.session).unwrap();
+    let (rec, _) = shared.read(&sid, u64::MAX, 1).await.unwrap().unwrap();
+    let t = shared
+        .takeover(
+            &sid,
+            &rec.fence,
+            "pod-b/1",
+            "upstream_lost",
+            "taken over",
+            60,
+        )
+        .await
+        .unwrap()
+        .expect("the takeover is taken");
+    assert_eq!(t.aborted, 1);
+    // The owner's next append is refused by the fence; its client's live stream goes on with
+    // what Redis holds: the taker's answer for the call, and nothing the owner wrote after.
+    seen.extend(s.rest().await);
+    let d = desc(&seen);
+    let (answer, progressed) = d.split_last().unwrap();
+    assert_eq!(answer, &format!("error {id} -32091"), "{d:?}");
+    assert_eq!(progressed, progress(1, progressed.len() as u32));
+    let err = seen.last().unwrap().json();
+    assert_eq!(err["error"]["code"], -32091, "{err}");
+    assert_eq!(
+        seen.last().unwrap().id.as_ref().unwrap().split(':').nth(1),
+        Some("2")
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.metric("mcp_resume_fenced_total").await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no fenced write counted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The owner wrote nothing after the takeover: Redis's head is the taker's end marker.
+    let (after, _) = shared.read(&sid, u64::MAX, 1).await.unwrap().unwrap();
+    assert_eq!(after.ranges.head, t.head);
+    assert_eq!(after.fence.owner, "pod-b/1");
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_losing_the_data_refuses_every_resume() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let a = proxy(&up, &redis, "pod-a").await;
+    let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let (_, mut s) = c.call("tick", tick(20, 300), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 2")
+        .await;
+    let cursor = first.last().unwrap().id.clone().unwrap();
+    let mut admin = redis.admin().await;
+    let _: () = ::redis::cmd("FLUSHALL")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    // The owner learns it at its next write (the record is gone): fenced, the session ends.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while a.metric("mcp_resume_fenced_total").await < 1.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no fenced write counted"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The cut stream ends without a 200-with-gap, and every resume is refused.
+    let tail = tokio::time::timeout(Duration::from_secs(10), s.rest())
+        .await
+        .expect("the live stream ends");
+    assert!(
+        tail.iter().all(|e| e.describe() != "progress 4"),
+        "nothing after the loss: {:?}",
+        desc(&tail)
+    );
+    let r = c.get(Some(&cursor)).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json().await["error"]["data"]["reason"], "unknown_session");
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_durability_refuses_a_server_without_appendfsync_always() {
+    let redis = RedisServer::start(Persist::AofEverysec).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("proxy.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[listen]\naddr = \"127.0.0.1:{}\"\n[admin]\naddr = \"127.0.0.1:{}\"\n\
+             [upstream]\nsse_url = \"http://127.0.0.1:9/sse\"\n\
+             [log]\ndir = \"{}\"\nbackend = \"redis\"\ndurability = \"fsync\"\n\
+             [log.redis]\nurl = \"{}\"\n",
+            port(),
+            port(),
+            dir.path().join("data").display(),
+            redis.url()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("appendfsync"), "names the setting: {err}");
+    // `relaxed` asks nothing of the server: it starts (and is stopped at once).
+    std::fs::write(
+        &cfg,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("durability = \"fsync\"", "durability = \"relaxed\""),
+    )
+    .unwrap();
+    let mut p = Command::new(env!("CARGO_BIN_EXE_mcp-resume-proxy"))
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let stdout = p.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .map(|_| line)
+    });
+    let line = reader.join().unwrap().unwrap();
+    assert!(line.contains("listening"), "{line}");
+    let _ = p.kill();
+    let _ = p.wait();
+}
