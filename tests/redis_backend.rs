@@ -324,3 +324,55 @@ async fn fsync_durability_refuses_a_server_without_appendfsync_always() {
     let _ = p.kill();
     let _ = p.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_replica_serves_a_live_session_its_owner_is_still_writing() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let a = proxy(&up, &redis, "pod-a").await;
+    let b = proxy(&up, &redis, "pod-b").await;
+    let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(8, 250), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 2")
+        .await;
+    let cursor = first.last().unwrap().id.clone().unwrap();
+    s.cut();
+    // The client lands on the other replica, mid-call: it reads the rest as the owner logs it,
+    // live, exactly once, then the answer, and the stream ends.
+    let cb = c.at(b.addr());
+    let r = cb.get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    let rest = tokio::time::timeout(Duration::from_secs(60), r.sse().rest())
+        .await
+        .expect("the non-owner's stream follows the owner to the answer");
+    let mut want = progress(3, 8);
+    want.push(format!("response {id}"));
+    assert_eq!(desc(&rest), want);
+    assert_eq!(
+        rest.last().unwrap().json()["result"]["content"][0]["text"],
+        "done 8"
+    );
+    // The owner serves the same events under the same ids.
+    let r = c.get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.sse().rest().await, rest);
+    // A session that does not exist is 404 on the non-owner too.
+    let other = format!("{}:1:3", "0".repeat(32));
+    let r = send(
+        b.addr(),
+        "GET",
+        "/mcp",
+        &[
+            ("mcp-session-id", &"0".repeat(32)),
+            ("mcp-protocol-version", "2025-11-25"),
+            ACCEPT_SSE,
+            ("last-event-id", &other),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(r.status, 404);
+    a.stop().await;
+    b.stop().await;
+}

@@ -651,6 +651,19 @@ impl Shared {
         Ok(answer(&r)?.map(|_| ()))
     }
 
+    /// The requests of `id` in flight (canonical id, stream tag), as Redis holds them now.
+    ///
+    /// # Errors
+    /// [`SharedError`] when Redis fails or answers something unexpected.
+    pub async fn inflight(&self, id: &SessionId) -> Result<Vec<(String, StreamTag)>, SharedError> {
+        let k = self.keys(id);
+        let all: Vec<(String, u64)> = redis::cmd("HGETALL")
+            .arg(&k.inflight)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(all.into_iter().map(|(r, t)| (r, StreamTag(t))).collect())
+    }
+
     /// The owner's end of `id`: the answers it owes (`evs`), then the end marker with `reason`;
     /// the session's keys expire `retain_secs` later. The head after the marker.
     pub async fn end(

@@ -111,35 +111,85 @@ impl SharedLog {
         Ok((ended, aborted))
     }
 
-    /// The log of a session this process does not hold, as Redis has it: an ended session's
-    /// history (after a restart of its owner, or its takeover). `None` when Redis has no record,
-    /// or the session is live under another owner (served by that owner).
+    /// The log of a session this process does not hold, as Redis has it (a *mirror*, read-only:
+    /// its events are read from Redis): an ended session's history (after a restart of its
+    /// owner, or its takeover), or a session live on another replica, whose head a follower
+    /// task keeps up with the record until it ends or the last reader lets go. `None` when
+    /// Redis has no record of it.
     pub(crate) async fn lookup(
-        &self,
+        self: &Arc<Self>,
         store: &Store,
         id: &SessionId,
     ) -> Result<Option<Arc<SessionLog>>> {
-        let Some((rec, _)) = self
-            .shared
-            .read(id, u64::MAX, 1)
-            .await
-            .map_err(|e| Error::Store(shared_err(e)))?
-        else {
+        let err = |e| Error::Store(shared_err(e));
+        // The requests in flight first, the record and its events after: an answer logged in
+        // between is then seen as an event (the resume check counts each request once).
+        let inflight = self.shared.inflight(id).await.map_err(err)?;
+        let Some((rec, _)) = self.shared.read(id, u64::MAX, 1).await.map_err(err)? else {
             return Ok(None);
         };
-        Ok(mirror(store, id, &rec))
+        let Some(sl) = mirror(store, id, &rec) else {
+            return Ok(None);
+        };
+        if rec.ended.is_none() {
+            for (r, t) in inflight {
+                sl.set_inflight(r, t);
+            }
+            tokio::spawn(follow(self.clone(), Arc::downgrade(&sl)));
+        }
+        Ok(Some(sl))
     }
 }
 
-/// A read-only log of an ended session from its record (its events are read from Redis).
+/// How often a mirror of a live session re-reads its record.
+const FOLLOW: Duration = Duration::from_millis(100);
+
+/// Keeps a mirror's head, in-flight requests and end in step with Redis, until the session ends,
+/// its record is gone, or no reader holds the mirror any more.
+async fn follow(sh: Arc<SharedLog>, sl: std::sync::Weak<SessionLog>) {
+    let mut tick = tokio::time::interval(FOLLOW);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(log) = sl.upgrade() else { return };
+        let inflight = sh.shared.inflight(&log.id).await;
+        match sh.shared.read(&log.id, u64::MAX, 1).await {
+            Ok(Some((rec, _))) => {
+                let ended = rec.ended.is_some();
+                if rec.ranges.head != log.head() || ended {
+                    log.adopt(&rec.ranges, ended);
+                    if let Ok(inf) = inflight {
+                        for (r, t) in inf {
+                            log.set_inflight(r, t);
+                        }
+                    }
+                }
+                if ended {
+                    return;
+                }
+            }
+            Ok(None) => {
+                log.clear_removed();
+                log.wake();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(session = %log.tag, error = %e, "following a session on the shared log failed; retrying");
+            }
+        }
+    }
+}
+
+/// A read-only log of a session from its record (its events are read from Redis).
 fn mirror(store: &Store, id: &SessionId, rec: &Record) -> Option<Arc<SessionLog>> {
-    let reason = rec.ended.as_deref()?;
     let mut meta: SessionMeta = serde_json::from_str(&rec.meta).ok()?;
-    meta.ended = Some(
-        serde_json::from_value(serde_json::Value::String(reason.to_string()))
-            .unwrap_or(EndReason::UpstreamLost),
-    );
-    meta.ended_unix.get_or_insert_with(unix_now);
+    if let Some(reason) = rec.ended.as_deref() {
+        meta.ended = Some(
+            serde_json::from_value(serde_json::Value::String(reason.to_string()))
+                .unwrap_or(EndReason::UpstreamLost),
+        );
+        meta.ended_unix.get_or_insert_with(unix_now);
+    }
     meta.epochs = rec.ranges.epochs.clone();
     Some(Arc::new(SessionLog::new(
         *id,
