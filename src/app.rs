@@ -147,13 +147,23 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         stop_rx.clone(),
     ));
 
+    let keys = match &cfg.auth.key_file {
+        Some(f) => Some(
+            crate::identity::Keyring::load_file(f).map_err(|r| StartError::Log {
+                dir: cfg.log.dir.display().to_string(),
+                source: crate::error::StoreError::Corrupt(format!("auth.key_file: {r}")).into(),
+            })?,
+        ),
+        None => None,
+    };
     let opened = match cfg.log.backend {
-        Backend::Local => Log::open(&cfg.log, metrics.clone()).await,
+        Backend::Local => Log::open_keyed(&cfg.log, keys, metrics.clone()).await,
         Backend::Redis => {
             let settings = SharedSettings {
                 replica_id: cfg.cluster.replica_id.clone(),
                 // A task's log outlives the session retention when its TTL is longer.
                 retain_secs: cfg.sessions.retain_ended_secs.max(cfg.tasks.ttl_secs),
+                keys,
             };
             Log::open_shared(&cfg.log, &settings, metrics.clone()).await
         }

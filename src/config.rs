@@ -734,6 +734,9 @@ impl Config {
                 "must be 1 to 128 characters of letters, digits, '-', '_' and '.'",
             ));
         }
+        if let Some(f) = &self.auth.key_file {
+            crate::keyfile::read(f).map_err(|r| bad("auth.key_file", r))?;
+        }
         positive("sessions.idle_ttl_secs", self.sessions.idle_ttl_secs)?;
         positive("sessions.max_sessions", self.sessions.max_sessions as u64)?;
         positive("sessions.keepalive_secs", self.sessions.keepalive_secs)?;
@@ -832,6 +835,9 @@ pub struct AuthConfig {
     /// `jwt`: the protected resource metadata URL (RFC 9728) named in `WWW-Authenticate`
     /// (empty: none).
     pub resource_metadata_url: String,
+    /// The secret that keys identities and log tags, shared by every replica (32 bytes as 64
+    /// hex characters, mode 0600). Unset: generated once in the data directory.
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 impl Default for AuthConfig {
@@ -846,6 +852,7 @@ impl Default for AuthConfig {
             leeway_secs: 60,
             algorithms: vec!["RS256".into(), "ES256".into(), "EdDSA".into()],
             resource_metadata_url: "".into(),
+            key_file: None,
         }
     }
 }

@@ -79,6 +79,15 @@ impl Keyring {
         Ok(Self::from_secret(&secret))
     }
 
+    /// Reads a secret shared by every replica (`auth.key_file`): 32 random bytes as 64
+    /// hexadecimal characters on one line, in a file only its owner may read.
+    ///
+    /// # Errors
+    /// The reason, for the config error naming the key.
+    pub fn load_file(path: &Path) -> Result<Keyring, String> {
+        Ok(Self::from_secret(&crate::keyfile::read(path)?))
+    }
+
     fn from_secret(secret: &[u8]) -> Self {
         Self {
             key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret),

@@ -37,8 +37,8 @@
 //! them out. `scripts/module-cycles` checks that no file module imports one that imports it back.
 //!
 //! Around it: [`domain`] (the vocabulary the others share), [`config`] (every section, the
-//! 2026-07-28 face's and `[auth]` included: it imports no component, only the leaves [`tls`] and
-//! [`jwt`] whose file checks its validation runs), [`metrics`], [`admin`],
+//! 2026-07-28 face's and `[auth]` included: it imports no component, only the leaves [`tls`],
+//! [`jwt`] and [`keyfile`] whose file checks its validation runs), [`metrics`], [`admin`],
 //! [`shutdown`], [`app`] (wiring), [`sse`] (decoder/encoder), `queue` (queues bounded in items and
 //! bytes), [`jsonrpc`] (routing fields, error
 //! bodies, and the one table of JSON-RPC codes of all faces), [`identity`] and [`jwt`] (who a
@@ -61,6 +61,7 @@ mod facade;
 pub mod identity;
 pub mod inspect;
 pub mod jwt;
+pub mod keyfile;
 /// The HTTP faces' header parsers, gathered for the `headers` fuzz target.
 #[doc(hidden)]
 pub mod headers {

@@ -376,3 +376,111 @@ async fn any_replica_serves_a_live_session_its_owner_is_still_writing() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A key file as the chart mounts it: 64 hex characters, mode 0600.
+fn key_file(dir: &std::path::Path, byte: u8) -> std::path::PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let p = dir.join(format!("key-{byte}"));
+    std::fs::write(&p, format!("{}\n", format!("{byte:02x}").repeat(32))).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_sharing_auth_key_file_check_identities_alike() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let keys = tempfile::tempdir().unwrap();
+    let shared_key = key_file(keys.path(), 0x5a);
+    let start = |replica: &'static str, key: std::path::PathBuf| {
+        let url = redis.url();
+        let up = &up;
+        async move {
+            Proxy::start(up, move |c| {
+                c.log.backend = Backend::Redis;
+                c.log.redis.url = url;
+                c.cluster.replica_id = replica.into();
+                c.auth.key_file = Some(key);
+            })
+            .await
+        }
+    };
+    let a = start("pod-a", shared_key.clone()).await;
+    let b = start("pod-b", shared_key).await;
+    // A replica with its own key cannot tell whose session it is: 404, like another identity's.
+    let c_own = start("pod-c", key_file(keys.path(), 0x11)).await;
+    let alice = ("authorization", "Bearer alice");
+    let init = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}});
+    let r = send(
+        a.addr(),
+        "POST",
+        "/mcp",
+        &[ACCEPT_BOTH, JSON_CT, alice],
+        Some(&init.to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let sid = r.header("mcp-session-id").unwrap();
+    r.sse().rest().await;
+    let h = |extra: (&'static str, &'static str)| {
+        vec![
+            ACCEPT_BOTH,
+            JSON_CT,
+            ("mcp-protocol-version", "2025-11-25"),
+            extra,
+        ]
+    };
+    let mut with_session = h(alice);
+    with_session.push(("mcp-session-id", sid.as_str()));
+    let r = send(
+        a.addr(),
+        "POST",
+        "/mcp",
+        &with_session,
+        Some(&json!({"jsonrpc":"2.0","method":"notifications/initialized"}).to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    let call = json!({"jsonrpc":"2.0","id":5,"method":"tools/call",
+        "params":{"name":"echo","arguments":{"text":"hi"}}});
+    let r = send(
+        a.addr(),
+        "POST",
+        "/mcp",
+        &with_session,
+        Some(&call.to_string()),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let evs = r.sse().rest().await;
+    assert!(evs[0].is_priming());
+    let cursor = evs[0].id.clone().unwrap();
+    let resume = |addr, who: Option<(&'static str, &'static str)>| {
+        let (sid, cursor) = (sid.clone(), cursor.clone());
+        async move {
+            let mut h = vec![
+                ACCEPT_SSE,
+                ("mcp-protocol-version", "2025-11-25"),
+                ("mcp-session-id", sid.as_str()),
+                ("last-event-id", cursor.as_str()),
+            ];
+            h.extend(who);
+            send(addr, "GET", "/mcp", &h, None).await
+        }
+    };
+    // The other replica with the shared key serves alice's stream; nobody else gets it.
+    let r = resume(b.addr(), Some(alice)).await;
+    assert_eq!(r.status, 200);
+    let rest = r.sse().rest().await;
+    assert_eq!(desc(&rest), ["response 5"]);
+    assert_eq!(rest, evs[1..].to_vec());
+    for who in [Some(("authorization", "Bearer mallory")), None] {
+        let r = resume(b.addr(), who).await;
+        assert_eq!(r.status, 404, "{who:?}");
+    }
+    assert_eq!(resume(c_own.addr(), Some(alice)).await.status, 404);
+    for p in [a, b, c_own] {
+        p.stop().await;
+    }
+}

@@ -87,6 +87,9 @@ pub struct SharedSettings {
     /// Seconds an ended session's log is kept (`sessions.retain_ended_secs`, or longer for
     /// tasks): Redis expires its keys then.
     pub retain_secs: u64,
+    /// The secret shared by the replicas (`auth.key_file`): every replica must key identities
+    /// alike to check a session's binding. `None`: the data directory's own.
+    pub keys: Option<Keyring>,
 }
 
 impl std::fmt::Debug for Log {
@@ -120,13 +123,29 @@ impl Log {
         cfg: &LogConfig,
         metrics: Metrics,
     ) -> Result<(Arc<Log>, Recovery, Vec<Interrupted>)> {
+        Self::open_keyed(cfg, None, metrics).await
+    }
+
+    /// [`Log::open`] with the secret that keys identities and log tags given (`auth.key_file`,
+    /// shared by the replicas) instead of the data directory's own.
+    ///
+    /// # Errors
+    /// As [`Log::open`].
+    pub async fn open_keyed(
+        cfg: &LogConfig,
+        keys: Option<Keyring>,
+        metrics: Metrics,
+    ) -> Result<(Arc<Log>, Recovery, Vec<Interrupted>)> {
         let dir = cfg.dir.clone();
         io::OsDir::create_private(&dir).map_err(|e| StoreError::io("create data directory", e))?;
         if segment::has_sled_files(&dir) {
             return Err(StoreError::OldFormat(dir.display().to_string()).into());
         }
         let lock = take_lock(&dir).await?;
-        let keys = Keyring::load_or_create(&dir)?;
+        let keys = match keys {
+            Some(k) => k,
+            None => Keyring::load_or_create(&dir)?,
+        };
         let img = Image::scan(&dir)?;
         for d in &img.damage {
             tracing::error!(dir = %dir.display(), damage = %d, "log damage found during recovery");
@@ -166,7 +185,10 @@ impl Log {
     ) -> Result<(Arc<Log>, Recovery, Vec<Interrupted>)> {
         let dir = cfg.dir.clone();
         io::OsDir::create_private(&dir).map_err(|e| StoreError::io("create data directory", e))?;
-        let keys = Keyring::load_or_create(&dir)?;
+        let keys = match &settings.keys {
+            Some(k) => k.clone(),
+            None => Keyring::load_or_create(&dir)?,
+        };
         let sh = redis::Shared::connect(&cfg.redis.url, &cfg.redis.key_prefix)
             .await
             .map_err(|e| StoreError::Shared(e.to_string()))?;
