@@ -163,6 +163,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
                 replica_id: cfg.cluster.replica_id.clone(),
                 // A task's log outlives the session retention when its TTL is longer.
                 retain_secs: cfg.sessions.retain_ended_secs.max(cfg.tasks.ttl_secs),
+                lease_ms: cfg.cluster.lease_ms,
                 keys,
             };
             Log::open_shared(&cfg.log, &settings, metrics.clone()).await

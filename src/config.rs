@@ -227,12 +227,17 @@ pub struct ClusterConfig {
     /// This replica's name, stable across its restarts (a StatefulSet pod's name): the sessions
     /// a previous run of it left live are ended by its next start. Default: the host name.
     pub replica_id: String,
+    /// Milliseconds a replica's lease lasts: it renews it from its log writer's loop every
+    /// third of it; once it lapsed (the pod died, or paused), another replica takes the
+    /// sessions it owned over (their requests in flight answered -32091, their ends written).
+    pub lease_ms: u64,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
         Self {
             replica_id: host_name(),
+            lease_ms: 10_000,
         }
     }
 }
@@ -737,6 +742,9 @@ impl Config {
         if let Some(f) = &self.auth.key_file {
             crate::keyfile::read(f).map_err(|r| bad("auth.key_file", r))?;
         }
+        if !(1000..=600_000).contains(&self.cluster.lease_ms) {
+            return Err(bad("cluster.lease_ms", "must be between 1000 and 600000"));
+        }
         positive("sessions.idle_ttl_secs", self.sessions.idle_ttl_secs)?;
         positive("sessions.max_sessions", self.sessions.max_sessions as u64)?;
         positive("sessions.keepalive_secs", self.sessions.keepalive_secs)?;
@@ -1108,6 +1116,7 @@ mod tests {
                 "log.redis.key_prefix",
             ),
             ("[cluster]\nreplica_id = \"a/b\"\n", "cluster.replica_id"),
+            ("[cluster]\nlease_ms = 999\n", "cluster.lease_ms"),
             (
                 "[upstream]\nmax_event_bytes = 300000000\n",
                 "upstream.max_event_bytes",

@@ -77,6 +77,9 @@ pub struct Metrics {
     /// no longer owns the session at its epoch, or its record was lost or rewound; the session
     /// ends on this replica (§13).
     pub fenced: IntCounter,
+    /// `mcp_resume_takeovers_total`: sessions this replica took over from a replica whose lease
+    /// lapsed (their requests in flight answered -32091, their ends written).
+    pub takeovers: IntCounter,
     /// `mcp_resume_sessions_active`.
     pub sessions_active: IntGauge,
     sessions_started: IntCounterVec,
@@ -177,6 +180,11 @@ impl Metrics {
                 "Writes to the shared log refused by its fence (another owner or epoch, or the record lost or rewound); each ends its session on this replica.",
             )
             .unwrap(),
+            takeovers: IntCounter::new(
+                "mcp_resume_takeovers_total",
+                "Sessions taken over from a replica whose lease lapsed (their in-flight requests answered -32091, their ends written).",
+            )
+            .unwrap(),
             sessions_active: IntGauge::new(
                 "mcp_resume_sessions_active",
                 "Live sessions (upstream link open).",
@@ -271,6 +279,7 @@ impl Metrics {
         r.register(Box::new(m.store_errors.clone())).unwrap();
         r.register(Box::new(m.store_damage.clone())).unwrap();
         r.register(Box::new(m.fenced.clone())).unwrap();
+        r.register(Box::new(m.takeovers.clone())).unwrap();
         r.register(Box::new(m.sessions_active.clone())).unwrap();
         r.register(Box::new(m.sessions_started.clone())).unwrap();
         r.register(Box::new(m.sessions_ended.clone())).unwrap();
@@ -410,6 +419,7 @@ mod tests {
             "mcp_resume_store_errors_total",
             "mcp_resume_store_damage_total",
             "mcp_resume_fenced_total",
+            "mcp_resume_takeovers_total",
             "mcp_resume_log_disk_bytes",
             "mcp_resume_auth_rejected_total",
             "mcp_resume_requests_rejected_total",

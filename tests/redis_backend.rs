@@ -127,7 +127,7 @@ async fn a_restarted_replica_ends_what_its_previous_run_left_live() {
     let extra = [
         ("[log]", "backend = \"redis\""),
         ("[log.redis]", url.as_str()),
-        ("[cluster]", "replica_id = \"pod-a\""),
+        ("[cluster]", "replica_id = \"pod-a\"\nlease_ms = 2000"),
     ];
     let mut p = ProxyProc::start(&up.sse_url(), &data, &extra).await;
     let addr = format!("127.0.0.1:{}", p.port).parse().unwrap();
@@ -483,4 +483,218 @@ async fn replicas_sharing_auth_key_file_check_identities_alike() {
     for p in [a, b, c_own] {
         p.stop().await;
     }
+}
+
+/// Three pods: each a proxy binary beside its own FastMCP upstream, one Redis, leases of 2 s.
+struct Pods {
+    _dirs: tempfile::TempDir,
+    _ups: Vec<Upstream>,
+    pods: Vec<ProxyProc>,
+}
+
+impl Pods {
+    async fn start(redis: &RedisServer) -> Pods {
+        let dirs = tempfile::tempdir().unwrap();
+        let url = format!("url = \"{}\"", redis.url());
+        let mut ups = Vec::new();
+        let mut pods = Vec::new();
+        for name in ["pod-a", "pod-b", "pod-c"] {
+            let up = fastmcp().await;
+            let replica = format!("replica_id = \"{name}\"\nlease_ms = 2000");
+            let extra = [
+                ("[log]", "backend = \"redis\""),
+                ("[log.redis]", url.as_str()),
+                ("[cluster]", replica.as_str()),
+            ];
+            pods.push(ProxyProc::start(&up.sse_url(), &dirs.path().join(name), &extra).await);
+            ups.push(up);
+        }
+        Pods {
+            _dirs: dirs,
+            _ups: ups,
+            pods,
+        }
+    }
+
+    fn base(&self, i: usize) -> String {
+        self.pods[i].base()
+    }
+
+    fn addr(&self, i: usize) -> std::net::SocketAddr {
+        format!("127.0.0.1:{}", self.pods[i].port).parse().unwrap()
+    }
+
+    async fn takeovers(&self) -> f64 {
+        let mut n = 0.0;
+        for p in self.pods.iter().skip(1) {
+            n += metric(&p.metrics_url(), "mcp_resume_takeovers_total").await;
+        }
+        n
+    }
+}
+
+/// The seed's scenario on the Streamable HTTP face: the pod serving the session is killed
+/// mid-call; the client reconnects with its last id to another pod, which never held the session:
+/// every event the dead pod logged after the cursor, exactly once, then the call's -32091 (in the
+/// taker's epoch), then the end; then 404 everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_scenario_on_the_streamable_face() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let mut pods = Pods::start(&redis).await;
+    let (mut c, _) = Client::init(pods.addr(0), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(60, 100), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 3")
+        .await;
+    let cursor = first.last().unwrap().id.clone().unwrap();
+    pods.pods[0].proc.kill();
+    drop(s);
+
+    let on_b = c.at(pods.addr(1));
+    let r = on_b.get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    let rest = tokio::time::timeout(Duration::from_secs(60), r.sse().rest())
+        .await
+        .expect("the stream ends once the dead pod's sessions are taken over");
+    let d = desc(&rest);
+    let (answer, progressed) = d.split_last().expect("at least the abort");
+    assert_eq!(answer, &format!("error {id} -32091"), "{d:?}");
+    assert_eq!(progressed, progress(4, 3 + progressed.len() as u32));
+    let last = rest.last().unwrap().id.clone().unwrap();
+    assert_eq!(
+        last.split(':').nth(1),
+        Some("2"),
+        "the abort is in the taker's epoch"
+    );
+    let seqs: Vec<u64> = rest.iter().map(Ev::seq).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    assert_eq!(pods.takeovers().await, 1.0);
+    // The third pod serves the same history, and the session is over everywhere.
+    let on_c = c.at(pods.addr(2));
+    let r = on_c.get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.sse().rest().await, rest);
+    for at in [&on_b, &on_c] {
+        let r = at.get(Some(&last)).await;
+        assert_eq!(r.status, 404);
+        assert_eq!(r.json().await["error"]["data"]["reason"], "unknown_session");
+    }
+}
+
+/// The seed's scenario on the legacy HTTP+SSE face (an `EventSource` reconnecting to the same
+/// URL with `Last-Event-ID`, through the load balancer to another pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_scenario_on_the_legacy_face() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let mut pods = Pods::start(&redis).await;
+    let (mut sse, url, _) = legacy_session(&pods.base(0)).await;
+    assert_eq!(
+        post(&url, &call(7, "tick", tick(60, 100), Some("T")))
+            .await
+            .0,
+        202
+    );
+    let mut seen = Vec::new();
+    loop {
+        let (eid, m) = sse.message().await;
+        let p = m["params"]["progress"].as_f64();
+        seen.push((eid, m));
+        if p == Some(3.0) {
+            break;
+        }
+    }
+    let cursor = seen.last().unwrap().0.clone();
+    pods.pods[0].proc.kill();
+    drop(sse);
+
+    let (mut again, err) = Sse::get(
+        &format!("{}/sse", pods.base(1)),
+        &[("last-event-id", cursor.as_str())],
+    )
+    .await;
+    assert!(
+        err.is_none(),
+        "resume on another pod: {} {err:?}",
+        again.status
+    );
+    assert_eq!(again.status, 200);
+    let ep = again.endpoint().await;
+    assert!(ep.starts_with("/messages?session_id="), "{ep}");
+    let rest = tokio::time::timeout(Duration::from_secs(60), rest_of_stream(&mut again))
+        .await
+        .expect("the stream ends once the dead pod's sessions are taken over");
+    let (answer, progressed) = rest.split_last().expect("at least the abort");
+    assert_eq!(answer.1["id"], 7, "{answer:?}");
+    assert_eq!(answer.1["error"]["code"], -32091, "{answer:?}");
+    let values: Vec<f64> = progressed
+        .iter()
+        .filter_map(|(_, m)| m["params"]["progress"].as_f64())
+        .collect();
+    // FastMCP's tick also logs each step (`notifications/message`) on the legacy stream.
+    assert!(
+        progressed
+            .iter()
+            .all(|(_, m)| m["method"] == "notifications/progress"
+                || m["method"] == "notifications/message"),
+        "{progressed:?}"
+    );
+    let seqs: Vec<u64> = rest.iter().map(|(id, _)| seq_of(id)).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+    let want: Vec<f64> = (4..4 + values.len()).map(|i| i as f64).collect();
+    assert_eq!(
+        values, want,
+        "every logged progress after the cursor, once, in order"
+    );
+    assert_eq!(pods.takeovers().await, 1.0);
+    let (gone, _) = Sse::get(
+        &format!("{}/sse", pods.base(2)),
+        &[("last-event-id", answer.0.as_str())],
+    )
+    .await;
+    assert_eq!(gone.status, 404);
+}
+
+/// A paused owner (SIGSTOP past its lease) is taken over; when it wakes it writes nothing more
+/// (its lease is gone: it stops, exit 74, and restarts as a new incarnation), so the history the
+/// taker wrote stays the whole history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_owner_that_wakes_after_its_takeover_writes_nothing() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let mut pods = Pods::start(&redis).await;
+    let (mut c, _) = Client::init(pods.addr(0), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(60, 100), "T").await;
+    s.until(|e| !e.is_priming() && e.describe() == "progress 3")
+        .await;
+    pods.pods[0].proc.signal("STOP");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while pods.takeovers().await < 1.0 {
+        assert!(tokio::time::Instant::now() < deadline, "no takeover");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let shared = Shared::connect(&redis.url(), PREFIX).await.unwrap();
+    let sid = SessionId::parse(&c.session).unwrap();
+    let (taken, _) = shared.read(&sid, u64::MAX, 1).await.unwrap().unwrap();
+    assert!(taken.ended.is_some());
+    // It wakes with the upstream's progress queued and its own turn half done.
+    pods.pods[0].proc.signal("CONT");
+    let code = tokio::task::spawn_blocking(move || {
+        let mut p = pods.pods.remove(0);
+        (p.proc.wait(), pods)
+    });
+    let (code, _pods) = tokio::time::timeout(Duration::from_secs(60), code)
+        .await
+        .expect("the woken owner stops")
+        .unwrap();
+    assert_eq!(code, Some(74), "a replica whose lease was lost exits 74");
+    let (after, evs) = shared.read(&sid, 0, 10_000).await.unwrap().unwrap();
+    assert_eq!(
+        after.ranges.head, taken.ranges.head,
+        "nothing written after the takeover"
+    );
+    assert_eq!(after.fence, taken.fence);
+    let last = evs.last().unwrap();
+    assert_eq!(last.kind, mcp_resume_proxy::log::Kind::End);
+    let abort: Value = serde_json::from_slice(&evs[evs.len() - 2].payload).unwrap();
+    assert_eq!(abort["id"], id);
+    assert_eq!(abort["error"]["code"], -32091);
 }

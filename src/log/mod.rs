@@ -72,7 +72,7 @@ pub struct Log {
     tx: mpsc::Sender<Op>,
     writer: Mutex<Option<writer::Handle>>,
     /// `log.backend = "redis"`: the shared log and its writer task (the local writer is `None`).
-    shared: Option<(Arc<shared::SharedLog>, SharedTask)>,
+    shared: Option<(Arc<shared::SharedLog>, SharedTask, tokio::task::AbortHandle)>,
     failures: Mutex<Option<mpsc::UnboundedReceiver<SessionId>>>,
 }
 
@@ -87,6 +87,8 @@ pub struct SharedSettings {
     /// Seconds an ended session's log is kept (`sessions.retain_ended_secs`, or longer for
     /// tasks): Redis expires its keys then.
     pub retain_secs: u64,
+    /// `cluster.lease_ms`.
+    pub lease_ms: u64,
     /// The secret shared by the replicas (`auth.key_file`): every replica must key identities
     /// alike to check a session's binding. `None`: the data directory's own.
     pub keys: Option<Keyring>,
@@ -208,7 +210,11 @@ impl Log {
             owner: format!("{}/{:016x}", settings.replica_id, u64::from_le_bytes(inc)),
             replica: settings.replica_id.clone(),
             retain_secs: settings.retain_secs,
+            lease: std::time::Duration::from_millis(settings.lease_ms),
         });
+        sh.renew(true)
+            .await
+            .map_err(|e| StoreError::Shared(e.to_string()))?;
         let (ended, aborted) = sh
             .end_previous()
             .await
@@ -222,6 +228,7 @@ impl Log {
         let store = Arc::new(Store::new(cfg, metrics, fs, keys, None, failures_tx));
         let (tx, rx) = mpsc::channel(4096);
         let task = tokio::spawn(shared::run(store.clone(), sh.clone(), rx));
+        let reaper = tokio::spawn(shared::reap(store.clone(), sh.clone()));
         let rec = Recovery {
             clean: ended == 0,
             sessions: ended,
@@ -233,7 +240,7 @@ impl Log {
             store,
             tx,
             writer: Mutex::new(None),
-            shared: Some((sh, Mutex::new(Some(task)))),
+            shared: Some((sh, Mutex::new(Some(task)), reaper.abort_handle())),
             failures: Mutex::new(Some(failures_rx)),
         });
         Ok((log, rec, Vec::new()))
@@ -250,7 +257,7 @@ impl Log {
         if let Some(sl) = self.get(id) {
             return Some(sl);
         }
-        let (sh, _) = self.shared.as_ref()?;
+        let (sh, _, _) = self.shared.as_ref()?;
         match sh.lookup(&self.store, id).await {
             Ok(sl) => sl,
             Err(e) => {
@@ -481,7 +488,7 @@ impl Log {
         max: usize,
     ) -> Result<Vec<Arc<Event>>> {
         match &self.shared {
-            Some((sh, _)) => shared::read_after(sh, sl, after, max).await,
+            Some((sh, _, _)) => shared::read_after(sh, sl, after, max).await,
             None => read_after(sl, after, max),
         }
     }
@@ -567,7 +574,8 @@ impl Log {
             // goes (a restart in the same process can reopen it).
             w.stop().await;
         }
-        if let Some((_, task)) = &self.shared {
+        if let Some((_, task, reaper)) = &self.shared {
+            reaper.abort();
             let t = task.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(t) = t {
                 let _ = t.await;

@@ -897,6 +897,33 @@ impl Shared {
         Ok(ids.iter().filter_map(|i| SessionId::parse(i)).collect())
     }
 
+    /// Whether `node` holds a lease entry (lapsed or not): `false` once it was reaped.
+    ///
+    /// # Errors
+    /// [`SharedError`] when Redis fails.
+    pub async fn listed(&self, node: &str) -> Result<bool, SharedError> {
+        let (zset, _) = self.nodes();
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(zset)
+            .arg(node)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(score.is_some())
+    }
+
+    /// Takes one session out of `node`'s owned set (after its takeover).
+    ///
+    /// # Errors
+    /// [`SharedError`] when Redis fails.
+    pub async fn disown(&self, node: &str, id: &SessionId) -> Result<(), SharedError> {
+        let _: i64 = redis::cmd("SREM")
+            .arg(self.owned_key(node))
+            .arg(id.to_string())
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
     /// Forgets `node`'s set (after every session in it was taken over).
     pub async fn disown_all(&self, node: &str) -> Result<(), SharedError> {
         let _: i64 = redis::cmd("DEL")

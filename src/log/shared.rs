@@ -57,6 +57,8 @@ pub(crate) struct SharedLog {
     pub(crate) replica: String,
     /// Seconds an ended session's keys are kept (then Redis expires them).
     pub(crate) retain_secs: u64,
+    /// `cluster.lease_ms`.
+    pub(crate) lease: Duration,
 }
 
 fn shared_err(e: SharedError) -> StoreError {
@@ -71,31 +73,90 @@ impl SharedLog {
         }
     }
 
+    /// Renews this replica's lease (`first`: registers it). `Ok(false)`: another replica found
+    /// it lapsed and reaped it — its sessions are taken over, it must stop writing.
+    pub(crate) async fn renew(&self, first: bool) -> std::result::Result<bool, SharedError> {
+        let ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
+        Ok(self
+            .shared
+            .heartbeat(&self.owner, ms, "", first)
+            .await?
+            .is_some())
+    }
+
+    /// Takes over every live session `node` (`<replica>/<incarnation>`, its lease lapsed) owns:
+    /// one fenced takeover each (the epoch sealed at the head, a -32091 for each request in
+    /// flight, the end), then forgets the node. Another replica doing the same at once takes
+    /// each session at most once between them (the takeover compares owner and epoch).
+    async fn take_over(&self, store: &Store, node: &str) -> std::result::Result<(), SharedError> {
+        let replica = node.rsplit_once('/').map_or(node, |(r, _)| r);
+        for id in self.shared.owned(replica).await? {
+            let Some((rec, _)) = self.shared.read(&id, u64::MAX, 1).await? else {
+                self.shared.disown(replica, &id).await?;
+                continue;
+            };
+            if rec.fence.owner != node {
+                continue;
+            }
+            if rec.ended.is_none() {
+                let reason = EndReason::UpstreamLost.as_str();
+                let msg =
+                    format!("request aborted: the replica serving the session was lost ({reason})");
+                match self
+                    .shared
+                    .takeover(&id, &rec.fence, &self.owner, reason, &msg, self.retain_secs)
+                    .await?
+                {
+                    Ok(t) => {
+                        let m = &store.metrics;
+                        m.takeovers.inc();
+                        m.session_ended(EndReason::UpstreamLost);
+                        m.inflight_aborted.inc_by(t.aborted as u64);
+                        tracing::warn!(session = %store.keys.tag(&id.0), aborted = t.aborted, "took over a session of a replica whose lease lapsed");
+                    }
+                    Err(r) => {
+                        tracing::debug!(refused = ?r, "a session of a lapsed replica was taken over elsewhere");
+                    }
+                }
+            }
+            self.shared.disown(replica, &id).await?;
+        }
+        if self.shared.claim(node).await? {
+            tracing::warn!(
+                replica = replica,
+                "a replica's lease lapsed: its sessions were taken over"
+            );
+        }
+        Ok(())
+    }
+
     /// Ends the sessions a previous incarnation of this replica left live; returns how many, and
     /// the requests they had in flight (answered -32091 by the takeover).
     pub(crate) async fn end_previous(&self) -> std::result::Result<(usize, usize), SharedError> {
+        let lapsed = self.shared.lapsed().await?;
         let (mut ended, mut aborted) = (0, 0);
         for id in self.shared.owned(&self.replica).await? {
             let Some((rec, _)) = self.shared.read(&id, u64::MAX, 1).await? else {
+                self.shared.disown(&self.replica, &id).await?;
                 continue;
             };
-            if rec.ended.is_some() || rec.fence.owner == self.owner {
+            if rec.ended.is_some() {
+                self.shared.disown(&self.replica, &id).await?;
                 continue;
             }
-            let msg = format!(
-                "request aborted: upstream session ended ({})",
-                EndReason::UpstreamLost.as_str()
-            );
+            let owner = &rec.fence.owner;
+            // A twin running under the same replica_id, or the previous run while its lease
+            // has not lapsed yet: the lease decides (once it lapses, the reaper of any replica,
+            // this one included, takes the session over).
+            if *owner == self.owner || (self.shared.listed(owner).await? && !lapsed.contains(owner))
+            {
+                continue;
+            }
+            let reason = EndReason::UpstreamLost.as_str();
+            let msg = format!("request aborted: upstream session ended ({reason})");
             match self
                 .shared
-                .takeover(
-                    &id,
-                    &rec.fence,
-                    &self.owner,
-                    EndReason::UpstreamLost.as_str(),
-                    &msg,
-                    self.retain_secs,
-                )
+                .takeover(&id, &rec.fence, &self.owner, reason, &msg, self.retain_secs)
                 .await?
             {
                 Ok(t) => {
@@ -106,8 +167,8 @@ impl SharedLog {
                     tracing::warn!(refused = ?r, "a session of this replica's previous run was ended elsewhere meanwhile")
                 }
             }
+            self.shared.disown(&self.replica, &id).await?;
         }
-        self.shared.disown_all(&self.replica).await?;
         Ok((ended, aborted))
     }
 
@@ -246,33 +307,99 @@ struct Written {
     unknown: Option<String>,
 }
 
-/// Runs the writer until every sender is gone or the log is closed.
+/// Every `lease / 2`, takes over the sessions of the replicas whose lease lapsed.
+pub(crate) async fn reap(store: Arc<Store>, sh: Arc<SharedLog>) {
+    let mut tick = tokio::time::interval(sh.lease / 2);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let nodes = match sh.shared.lapsed().await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing lapsed replicas failed");
+                continue;
+            }
+        };
+        for node in nodes.iter().filter(|n| **n != sh.owner) {
+            if let Err(e) = sh.take_over(&store, node).await {
+                tracing::warn!(error = %e, "taking over a lapsed replica's sessions failed; retrying");
+            }
+        }
+    }
+}
+
+/// Runs the writer until every sender is gone or the log is closed. It renews this replica's
+/// lease between its turns (the loop that does the work: a writer stuck or paused past the
+/// lease loses it); a lease found lost or reaped fails the log for good (the process exits and
+/// restarts as a new incarnation), and nothing more is written.
 pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Receiver<Op>) {
     let mut pending: Vec<PendingEnd> = Vec::new();
     let mut written: BTreeMap<SessionId, Written> = BTreeMap::new();
     let mut tokens = 0u64;
     let mut closed = false;
+    let mut beat = tokio::time::interval(sh.lease / 3);
+    beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut renewed = tokio::time::Instant::now();
+    let mut lost = false;
     loop {
         let mut ops = Vec::new();
-        if pending.is_empty() {
-            match rx.recv().await {
+        tokio::select! {
+            op = rx.recv() => match op {
                 Some(op) => ops.push(op),
                 None => return,
-            }
-        } else {
-            tokio::select! {
-                op = rx.recv() => match op {
-                    Some(op) => ops.push(op),
-                    None => return,
-                },
-                _ = tokio::time::sleep(RETRY) => {}
-            }
+            },
+            _ = beat.tick(), if !lost => {
+                let sent = tokio::time::Instant::now();
+                match sh.renew(false).await {
+                    Ok(true) => renewed = sent,
+                    Ok(false) => {
+                        tracing::error!("this replica's lease was reaped by another replica (paused or cut off past cluster.lease_ms): its sessions were taken over; stopping");
+                        lost = true;
+                    }
+                    Err(e) => tracing::warn!(error = %e, "renewing this replica's lease failed"),
+                }
+                if !lost && renewed.elapsed() >= sh.lease {
+                    tracing::error!("this replica's lease lapsed (cluster.lease_ms without a renewal): another replica may take its sessions over; stopping");
+                    lost = true;
+                }
+                if lost {
+                    store.set_health(super::store::Health::Failed);
+                }
+                if pending.is_empty() {
+                    continue;
+                }
+            },
+            _ = tokio::time::sleep(RETRY), if !pending.is_empty() => {}
         }
         while ops.len() < MAX_OPS {
             match rx.try_recv() {
                 Ok(op) => ops.push(op),
                 Err(_) => break,
             }
+        }
+        if lost || renewed.elapsed() >= sh.lease {
+            // Not the owner any more, or not sure of it: nothing is written. The sessions end
+            // here (their producers are told); whoever takes them over writes their ends.
+            for pe in pending.drain(..) {
+                lost_session(&store, &pe.log);
+            }
+            let mut close = false;
+            for op in ops {
+                if let Some(log) = op_log(&op) {
+                    lost_session(&store, &log);
+                }
+                close |= matches!(op, Op::Close { .. });
+                reject(op, StoreError::Fenced);
+            }
+            if !lost {
+                lost = true;
+                tracing::error!("this replica's lease lapsed before a write: stopping");
+                store.set_health(super::store::Health::Failed);
+            }
+            if close {
+                return;
+            }
+            continue;
         }
         let mut turn = Turn::default();
         for pe in std::mem::take(&mut pending) {
@@ -309,8 +436,15 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
         for a in turn.acks {
             let _ = a.send(Ok(0));
         }
-        if closed && pending.is_empty() {
-            let _ = sh.shared.disown_all(&sh.replica).await;
+        if closed {
+            if !pending.is_empty() {
+                // Redis did not take them: this replica's lease lapses once it is gone, and the
+                // replica that takes its sessions over (or its own next start) writes their ends.
+                tracing::error!(
+                    sessions = pending.len(),
+                    "stopping with session ends the shared log did not take"
+                );
+            }
             return;
         }
     }
@@ -343,6 +477,15 @@ impl Turn {
         match op {
             Op::Create { log, done } => self.session(log.id).push(Step::Create(log, done)),
             Op::Append { log, evs, done, .. } => {
+                // Decided here, in queue order: an append queued before its session's end is
+                // written before it; one queued after is refused.
+                if !log.takes_appends() {
+                    tracing::debug!(session = %log.tag, events = evs.len(), "append after the session's end or a lost append refused");
+                    if let Some(d) = done {
+                        let _ = d.send(Err(StoreError::SessionEnded));
+                    }
+                    return;
+                }
                 let steps = self.session(log.id);
                 // Consecutive appends of one session are one script (group commit).
                 if let Some(Step::Append(_, all, acks)) = steps.last_mut() {
@@ -400,6 +543,23 @@ impl Turn {
             }
         }
     }
+}
+
+/// The session an op writes to, if any.
+fn op_log(op: &Op) -> Option<Arc<SessionLog>> {
+    match op {
+        Op::Create { log, .. }
+        | Op::Append { log, .. }
+        | Op::Inflight { log, .. }
+        | Op::InflightDone { log, .. }
+        | Op::End { log, .. } => Some(log.clone()),
+        _ => None,
+    }
+}
+
+/// A session this replica can no longer write: it takes no more appends and is ended here.
+fn lost_session(store: &Store, log: &SessionLog) {
+    lost(store, log);
 }
 
 fn reject(op: Op, e: StoreError) {
@@ -476,7 +636,8 @@ async fn run_session(
                         let _ = d.send(Err(e.clone()));
                     }
                 };
-                if !log.takes_appends() {
+                if log.append_lost() {
+                    // An earlier write of this turn was lost or fenced: nothing after it.
                     fail(StoreError::SessionEnded, acks);
                     continue;
                 }
@@ -611,6 +772,9 @@ async fn end(
         match r {
             Ok(Ok(new_head)) => {
                 w.unknown = None;
+                if let Err(e) = sh.shared.disown(&sh.replica, &log.id).await {
+                    tracing::warn!(session = %log.tag, error = %e, "forgetting an ended session in this replica's set failed");
+                }
                 if new_head != head + pe.evs.len() as u64 + 1 {
                     tracing::error!(session = %log.tag, head, new_head, "the shared log's head moved unexpectedly at the end");
                 }
@@ -681,6 +845,39 @@ async fn fenced(store: &Store, sh: &SharedLog, log: &SessionLog, refused: &Refus
     store.metrics.fenced.inc();
     tracing::error!(session = %log.tag, refused = ?refused, "a write to the shared log was fenced: this replica no longer owns the session; ending it here");
     lost(store, log);
+    if let Refused::Head { .. } = refused {
+        // Redis lost or rewound what this owner wrote (the head is neither ours nor our lost
+        // write's): the ids past what survived were delivered with other bytes than any new
+        // write would carry, so they must never be issued again. Seal the epoch at what
+        // survived and end the session in the next one (a -32091 for each request Redis still
+        // holds in flight): cursors past the survivors get `cursor_ahead`.
+        let reason = EndReason::StoreError.as_str();
+        let msg = format!("request aborted: the shared log lost events of this session ({reason})");
+        match sh
+            .shared
+            .takeover(
+                &log.id,
+                &sh.fence(log),
+                &sh.owner,
+                reason,
+                &msg,
+                sh.retain_secs,
+            )
+            .await
+        {
+            Ok(Ok(t)) => {
+                store.metrics.inflight_aborted.inc_by(t.aborted as u64);
+                tracing::error!(session = %log.tag, epoch = t.epoch, "the shared log was rewound under this session: its epoch is sealed at what survived and the session ended");
+            }
+            Ok(Err(r)) => {
+                tracing::warn!(session = %log.tag, refused = ?r, "sealing a rewound session was refused")
+            }
+            Err(e) => {
+                tracing::error!(session = %log.tag, error = %e, "sealing a rewound session failed")
+            }
+        }
+    }
+    let _ = sh.shared.disown(&sh.replica, &log.id).await;
     match sh.shared.read(&log.id, u64::MAX, 1).await {
         Ok(Some((rec, _))) => log.adopt(&rec.ranges, rec.ended.is_some()),
         Ok(None) => {

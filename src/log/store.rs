@@ -371,6 +371,11 @@ impl SessionLog {
         st.assigned = st.ranges.head;
     }
 
+    /// An append of this session was lost (or fenced): nothing more is appended.
+    pub(super) fn append_lost(&self) -> bool {
+        self.lock().failed
+    }
+
     /// Does the log take appends (not ending, not ended, no append lost)?
     pub(super) fn takes_appends(&self) -> bool {
         let st = self.lock();
@@ -419,11 +424,14 @@ impl SessionLog {
     /// Shared log: a write whose reply was lost had landed, up to `head`: the window no longer
     /// holds everything up to the head, so reads go to the shared log.
     pub(super) fn forget_window(&self, head: u64) {
-        let mut st = self.lock();
-        st.window.clear();
-        st.window_bytes = 0;
-        st.ranges.head = head;
-        st.assigned = head;
+        {
+            let mut st = self.lock();
+            st.window.clear();
+            st.window_bytes = 0;
+            st.ranges.head = head;
+            st.assigned = head;
+        }
+        self.wake();
     }
 
     /// Shared log: this replica was fenced; the log now stands for what the shared record holds
