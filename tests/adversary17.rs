@@ -1,0 +1,281 @@
+//! Adversary 17: attacks on `log.backend = "redis"` (src/log/shared.rs, design.md §13) with a real
+//! `redis-server` on loopback and a real FastMCP upstream. Every test here is a reproduction of a
+//! broken promise, `#[ignore]`d so the suite stays green; run them with
+//! `cargo test --test adversary17 -- --ignored --test-threads=1` (after `scripts/install-peers`).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use mcp_resume_proxy::config::Backend;
+use mcp_resume_proxy::log::cursor::SessionId;
+use mcp_resume_proxy::log::redis::Shared;
+use serde_json::{json, Value};
+use support::redis::{Persist, RedisServer};
+use support::streamable::*;
+use support::*;
+
+const PREFIX: &str = "mcp-resume";
+
+async fn proxy(up: &Upstream, redis: &RedisServer, replica: &str) -> Proxy {
+    proxy_with(up, redis, replica, |_| {}).await
+}
+
+async fn proxy_with(
+    up: &Upstream,
+    redis: &RedisServer,
+    replica: &str,
+    more: impl FnOnce(&mut mcp_resume_proxy::config::Config),
+) -> Proxy {
+    let (url, replica) = (redis.url(), replica.to_string());
+    Proxy::start(up, move |c| {
+        c.log.backend = Backend::Redis;
+        c.log.redis.url = url;
+        c.cluster.replica_id = replica;
+        more(c);
+    })
+    .await
+}
+
+fn desc(evs: &[Ev]) -> Vec<String> {
+    evs.iter()
+        .filter(|e| !e.is_priming())
+        .map(Ev::describe)
+        .collect()
+}
+
+/// A slow `tick` call: `n` progress notifications, `ms` apart.
+fn tick(n: u32, ms: u32) -> Value {
+    json!({"n": n, "interval_ms": ms})
+}
+
+/// Every event Redis holds for `session`, as `id -> data` (the ids clients would see).
+async fn redis_events(redis: &RedisServer, session: &str) -> Option<BTreeMap<String, String>> {
+    let shared = Shared::connect(&redis.url(), PREFIX).await.unwrap();
+    let sid = SessionId::parse(session).unwrap();
+    let (_, evs) = shared.read(&sid, 0, 100_000).await.unwrap()?;
+    Some(
+        evs.into_iter()
+            .map(|e| {
+                (
+                    format!("{session}:{}:{}", e.epoch, e.seq),
+                    String::from_utf8_lossy(&e.payload).into_owned(),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Reads `s` until it ends or `d` passes without an event; `true` when it ended.
+async fn drain(s: &mut Sse, out: &mut Vec<Ev>, d: Duration) -> bool {
+    loop {
+        match s.next_within(d).await {
+            Ok(Some(e)) => out.push(e),
+            Ok(None) => return true,
+            Err(()) => return false,
+        }
+    }
+}
+
+/// The ids seen with different bytes in `a` and `b`.
+fn conflicts(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> Vec<String> {
+    a.iter()
+        .filter_map(|(id, d)| {
+            b.get(id)
+                .filter(|d2| *d2 != d)
+                .map(|d2| format!("{id}: delivered {d:?}, now {d2:?}"))
+        })
+        .collect()
+}
+
+fn by_id(evs: &[Ev]) -> BTreeMap<String, String> {
+    evs.iter()
+        .filter_map(|e| Some((e.id.clone()?, e.text().to_string())))
+        .collect()
+}
+
+/// Starts a Redis without AOF (`durability = "relaxed"`: I2 holds in either durability), a
+/// proxy, a session with a slow call; snapshots Redis (`SAVE`) after "progress 2", lets the call
+/// go on to "progress 6", then restarts Redis from that snapshot (an RDB reload: the default
+/// persistence of a Redis without AOF, and what a failover to a lagging replica looks like).
+/// `reconnect`: make the proxy's multiplexed connection reconnect at once (a lookup of an unknown
+/// session reads Redis) so that its next append meets the rewound record instead of the dead
+/// connection.
+async fn rewind(
+    reconnect: bool,
+) -> (RedisServer, Upstream, Proxy, Client, u64, Sse, Vec<Ev>, String) {
+    let mut redis = RedisServer::start(Persist::None).await;
+    let up = fastmcp().await;
+    let a = proxy_with(&up, &redis, "pod-a", |c| {
+        c.log.durability = mcp_resume_proxy::config::Durability::Relaxed
+    })
+    .await;
+    let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let (id, mut s) = c
+        .call("tick", tick(40, if reconnect { 1500 } else { 250 }), "T")
+        .await;
+    let mut seen = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 2")
+        .await;
+    let cursor = seen.last().unwrap().id.clone().unwrap();
+    let mut admin = redis.admin().await;
+    let _: () = ::redis::cmd("SAVE").query_async(&mut admin).await.unwrap();
+    seen.extend(
+        s.until(|e| !e.is_priming() && e.describe() == "progress 4")
+            .await,
+    );
+    redis.restart().await;
+    if reconnect {
+        let mut other = c.at(a.addr());
+        other.session = "0123456789abcdef0123456789abcdef".into();
+        for _ in 0..3 {
+            let r = other
+                .get(Some("0123456789abcdef0123456789abcdef:1:1"))
+                .await;
+            assert_eq!(r.status, 404);
+        }
+    }
+    (redis, up, a, c, id, s, seen, cursor)
+}
+
+/// Redis rewinds under a live session and the proxy's connection is back before its next
+/// append. The owner's compare-and-append sees the head mismatch (`Refused::Head`, a foreign
+/// batch token) and `fenced()` makes the log *adopt* the record — which is *live*, at the
+/// rewound head, in epoch 1. The session is then ended by the registry (store_error) through
+/// the ordinary `end` script at that rewound head, in the same epoch: the call's -32091 and the
+/// end marker take seqs `S:1:8`, `S:1:9`, … that the client already received as progress
+/// notifications, and a resume from a cursor the client holds is served those other bytes
+/// under the old ids. I2 (an id never names two events), I3/§13 ("a rewind ... ends the
+/// session; cursors past what survived get cursor_ahead ... never a 200 with a gap").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "adversary17: a Redis rewind lets the owner write its end over ids clients already saw (I2)"]
+async fn a_rewound_redis_lets_the_owner_reuse_delivered_ids() {
+    let (redis, _up, a, c, _id, mut s, mut seen, cursor) = rewind(true).await;
+    drain(&mut s, &mut seen, Duration::from_secs(10)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let delivered = by_id(&seen);
+    let now = redis_events(&redis, &c.session).await.unwrap_or_default();
+    let bad = conflicts(&delivered, &now);
+    let r = c.get(Some(&cursor)).await;
+    let status = r.status;
+    let mut resumed = Vec::new();
+    if status == 200 {
+        let mut rs = r.sse();
+        drain(&mut rs, &mut resumed, Duration::from_secs(5)).await;
+    }
+    let bad_resume = conflicts(&delivered, &by_id(&resumed));
+    assert!(
+        bad.is_empty() && bad_resume.is_empty(),
+        "ids delivered with one payload now name another:\nlive stream: {:?}\nin redis: {bad:#?}\n\
+         resume from {cursor} ({status}): {:?}\n{bad_resume:#?}",
+        desc(&seen),
+        desc(&resumed)
+    );
+    a.stop().await;
+}
+
+/// Redis rewinds under a live session while the proxy's connection is broken (the ordinary
+/// case: the first append after the restart fails on the dead connection, an "unknown
+/// outcome"). The session is ended (store_error) and its `end` script meets the rewound record:
+/// `Refused::Head` with a batch token that is not the lost write's, so `end()` calls `fenced()`,
+/// which adopts the *live* record and returns `Ok` — the end is considered written and never
+/// retried. Nothing ever ends the session: the record stays live on Redis (no expiry), the
+/// call's POST stream closed without an answer, and every resume is 503 `store_error` forever
+/// (the log is `failed` and never reaches its end). I6 (every in-flight request gets a logged
+/// -32091; the session ends, then 404), §13 ("a rewind: the owner's compare-and-append catches
+/// it and ends the session").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "adversary17: after a Redis rewind the session never ends: no -32091, resumes 503 forever"]
+async fn a_rewound_redis_leaves_the_session_unended_and_its_call_unanswered() {
+    let (redis, _up, a, c, id, mut s, mut seen, cursor) = rewind(false).await;
+    let ended = drain(&mut s, &mut seen, Duration::from_secs(10)).await;
+    assert!(ended, "the call's stream ends");
+    // Give the writer every chance to place the end (it retries every 250 ms).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let (status, resumed) = loop {
+        let r = c.get(Some(&cursor)).await;
+        let status = r.status;
+        let mut resumed = Vec::new();
+        if status == 200 {
+            let mut rs = r.sse();
+            drain(&mut rs, &mut resumed, Duration::from_secs(5)).await;
+        }
+        if status != 503 || tokio::time::Instant::now() > deadline {
+            break (status, resumed);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let shared = Shared::connect(&redis.url(), PREFIX).await.unwrap();
+    let sid = SessionId::parse(&c.session).unwrap();
+    let rec = shared.read(&sid, u64::MAX, 1).await.unwrap().map(|(r, _)| r);
+    let answered = seen
+        .iter()
+        .chain(resumed.iter())
+        .filter(|e| !e.is_priming())
+        .any(|e| {
+            let d = e.describe();
+            d == format!("response {id}") || d == format!("error {id} -32091")
+        });
+    assert!(
+        status != 503 && answered && rec.as_ref().is_none_or(|r| r.ended.is_some()),
+        "15 s after the rewind: resume {status}, the call answered: {answered}, \
+         live stream {:?}, resumed {:?}, record on Redis: {rec:?}",
+        desc(&seen),
+        desc(&resumed)
+    );
+    a.stop().await;
+}
+
+/// A task on the shared log whose result is larger than the in-memory window's byte budget
+/// (512 KiB): publishing the final event pushes the task's creation event (seq 1) out of the
+/// window, and the task code reads a task only through `Log::read_held`, which on Redis serves
+/// the window and nothing else. Its creation is gone: `tasks/get` answers "not found" for a task
+/// that completed, and its result is lost to its creator (the local backend reads its segments
+/// and serves it). §12 (a task's result is durable and readable until its TTL), I4 (the log
+/// holds it, the proxy answers that it does not exist). Upstream: the embedded demo server
+/// (a real MCP server in-process; any upstream returning a large result does the same).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "adversary17: a task whose result exceeds the window is 'not found' on the Redis backend"]
+async fn a_task_with_a_large_result_is_lost_on_the_redis_backend() {
+    use support::modern::{answer, call, demo, req};
+    use support::security::Target;
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = demo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let url = redis.url();
+    let p = start_in_process(&up.sse_url(), dir.path(), move |c| {
+        c.log.backend = Backend::Redis;
+        c.log.redis.url = url;
+        c.cluster.replica_id = "pod-a".into();
+        c.tasks.mode = mcp_resume_proxy::config::TaskMode::Always;
+    })
+    .await;
+    let t = Target::plain(p.addr);
+    let big = "x".repeat(600 * 1024);
+    let v = answer(&t, &call(1, "echo", json!({ "text": big }), true), None).await;
+    assert_eq!(v["result"]["resultType"], "task", "{}", &v.to_string()[..200.min(v.to_string().len())]);
+    let task = v["result"]["taskId"].as_str().unwrap().to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let last = loop {
+        let g = answer(
+            &t,
+            &req(json!(2), "tasks/get", json!({"taskId": task}), true),
+            None,
+        )
+        .await;
+        let status = g["result"]["status"].as_str().map(str::to_string);
+        if status.as_deref() != Some("working") || tokio::time::Instant::now() > deadline {
+            break g;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let shown: String = last.to_string().chars().take(300).collect();
+    assert_eq!(last["result"]["status"], "completed", "tasks/get: {shown}");
+    assert_eq!(
+        last["result"]["result"]["content"][0]["text"].as_str().map(str::len),
+        Some(big.len()),
+        "tasks/get: {shown}"
+    );
+    p.stop().await;
+}
