@@ -238,7 +238,7 @@ async fn a_rewound_redis_leaves_the_session_unended_and_its_call_unanswered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "adversary17: a task whose result exceeds the window is 'not found' on the Redis backend"]
 async fn a_task_with_a_large_result_is_lost_on_the_redis_backend() {
-    use support::modern::{answer, call, demo, req};
+    use support::modern::{call, demo, post, req};
     use support::security::Target;
     let redis = RedisServer::start(Persist::AofAlways).await;
     let up = demo().await;
@@ -253,17 +253,21 @@ async fn a_task_with_a_large_result_is_lost_on_the_redis_backend() {
     .await;
     let t = Target::plain(p.addr);
     let big = "x".repeat(600 * 1024);
-    let v = answer(&t, &call(1, "echo", json!({ "text": big }), true), None).await;
+    let r = post(&t, &call(1, "echo", json!({ "text": big }), true), None).await;
+    let st = r.status;
+    let v = r.json().await;
+    assert_eq!(st, 200, "{v}");
     assert_eq!(v["result"]["resultType"], "task", "{}", &v.to_string()[..200.min(v.to_string().len())]);
     let task = v["result"]["taskId"].as_str().unwrap().to_string();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let last = loop {
-        let g = answer(
-            &t,
-            &req(json!(2), "tasks/get", json!({"taskId": task}), true),
-            None,
-        )
-        .await;
+        let get = req(json!(2), "tasks/get", json!({"taskId": task}), true);
+        let mut h = support::modern::headers(&get, &None);
+        h.push(("mcp-name", task.as_str()));
+        let r = t.send("POST", "/mcp", &h, Some(&get.to_string())).await;
+        let st = r.status;
+        let g = r.json().await;
+        assert_eq!(st, 200, "tasks/get: {g}");
         let status = g["result"]["status"].as_str().map(str::to_string);
         if status.as_deref() != Some("working") || tokio::time::Instant::now() > deadline {
             break g;
