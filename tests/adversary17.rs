@@ -411,3 +411,60 @@ async fn the_owned_set_keeps_every_session_ever_opened() {
     );
     a.stop().await;
 }
+
+/// Two processes with the same `cluster.replica_id` at once (a copy-pasted config, two
+/// containers with one host name, an old pod still draining while its replacement starts):
+/// they share one `owned` set. A clean stop of one runs `disown_all(replica)`, which deletes the
+/// set — including the live sessions of the other. When the other then dies (SIGKILL mid-call)
+/// and restarts, its `end_previous` finds nothing to end: the session stays live on Redis for
+/// good (a live record has no expiry), its call is never answered -32091, and a resume of it is
+/// 404 on every replica (`lookup` only mirrors ended records) instead of the history and the
+/// abort. I6 (every in-flight request gets a logged -32091 so no client await hangs), §13
+/// ("a restarted replica ends what its previous run left live").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "adversary17: a clean stop of a same-replica_id twin disowns the other's sessions; after its crash they never end"]
+async fn a_twin_replica_id_stop_disowns_live_sessions_so_a_crash_leaves_them_unanswered() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let twin = proxy(&up, &redis, "pod-a").await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let url = format!("url = \"{}\"", redis.url());
+    let extra = [
+        ("[log]", "backend = \"redis\""),
+        ("[log.redis]", url.as_str()),
+        ("[cluster]", "replica_id = \"pod-a\""),
+    ];
+    let mut p = ProxyProc::start(&up.sse_url(), &data, &extra).await;
+    let addr = format!("127.0.0.1:{}", p.port).parse().unwrap();
+    let (mut c, _) = Client::init(addr, "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(60, 200), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 2")
+        .await;
+    let cursor = first.last().unwrap().id.clone().unwrap();
+    // The twin (which never held this session) stops cleanly.
+    twin.stop().await;
+    // The process that holds the session dies mid-call and comes back.
+    p.proc.kill();
+    drop(s);
+    let p2 = ProxyProc::start(&up.sse_url(), &data, &extra).await;
+    let addr2 = format!("127.0.0.1:{}", p2.port).parse().unwrap();
+    let c2 = c.at(addr2);
+    let r = c2.get(Some(&cursor)).await;
+    let status = r.status;
+    let mut rest = Vec::new();
+    if status == 200 {
+        drain(&mut r.sse(), &mut rest, Duration::from_secs(10)).await;
+    } else {
+        eprintln!("resume body: {}", r.json().await);
+    }
+    let shared = Shared::connect(&redis.url(), PREFIX).await.unwrap();
+    let sid = SessionId::parse(&c.session).unwrap();
+    let rec = shared.read(&sid, u64::MAX, 1).await.unwrap().map(|(r, _)| r);
+    let d = desc(&rest);
+    assert!(
+        status == 200 && d.last() == Some(&format!("error {id} -32091")),
+        "resume after the restart: {status} {d:?}; the record on Redis: {rec:?}"
+    );
+}
