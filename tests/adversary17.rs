@@ -468,3 +468,79 @@ async fn a_twin_replica_id_stop_disowns_live_sessions_so_a_crash_leaves_them_una
         "resume after the restart: {status} {d:?}; the record on Redis: {rec:?}"
     );
 }
+
+/// One attempt of [`an_answer_queued_before_the_end_in_one_turn_is_dropped`]: the call's answer
+/// and the session's end reach the writer in one turn (the writer held on another session's
+/// script by a short Redis pause). Returns the call's stream and what Redis holds.
+async fn answer_then_end_in_one_turn(
+    redis: &RedisServer,
+    a: &Proxy,
+    pid: u32,
+) -> (u64, Vec<String>, Vec<String>) {
+    let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(1, 1000), "T").await;
+    let mut seen = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 1")
+        .await;
+    // The answer comes ~1000 ms after "progress 1". Hold the writer from ~750 ms to ~1150 ms:
+    // Redis paused, and another session's `initialize` (a Create op) waiting on it.
+    tokio::time::sleep(Duration::from_millis(720)).await;
+    signal(pid, "STOP");
+    let addr = a.addr();
+    let other = tokio::spawn(async move {
+        let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name":"b","version":"0"}}});
+        send(addr, "POST", "/mcp", &[ACCEPT_BOTH, JSON_CT], Some(&body.to_string())).await.status
+    });
+    tokio::time::sleep(Duration::from_millis(330)).await;
+    // The answer is in the writer's queue now; the client ends the session.
+    let del = {
+        let c = c.at(a.addr());
+        tokio::spawn(async move { c.delete().await.status })
+    };
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    signal(pid, "CONT");
+    let _ = other.await;
+    let _ = del.await;
+    drain(&mut s, &mut seen, Duration::from_secs(10)).await;
+    let stored: Vec<String> = redis_events(redis, &c.session)
+        .await
+        .unwrap_or_default()
+        .values()
+        .filter(|d| !d.is_empty())
+        .map(|d| describe(&serde_json::from_str(d).unwrap_or(Value::Null)))
+        .collect();
+    (id, desc(&seen), stored)
+}
+
+/// The shared writer plans a turn first (`Turn::plan` runs `begin_end` for an `End` op as it
+/// reads it) and checks `takes_appends()` only when it runs the session's steps. An append
+/// queued *before* the end — the upstream's answer to a call, routed by the pump, whose request
+/// the registry already took out of its in-flight table — therefore finds the session "ending"
+/// and is dropped (`append_nowait`: nobody is told), and the end owes no -32091 for it: the
+/// call is answered neither with its result nor with an abort, and its POST stream ends with
+/// nothing. (The local writer checks `takes_appends` at plan time, in queue order.) I6 (no
+/// client await hangs: every request is answered), I1 (a received event is logged). The race
+/// is made likely by pausing Redis (SIGSTOP, shorter than the client's 500 ms response timeout)
+/// while another session's Create holds the writer; several attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "adversary17: an answer queued before the end in the same writer turn is dropped; the call is never answered"]
+async fn an_answer_queued_before_the_end_in_one_turn_is_dropped() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let a = proxy(&up, &redis, "pod-a").await;
+    let pid = redis_pid(&redis).await;
+    for attempt in 0..6 {
+        let (id, live, stored) = answer_then_end_in_one_turn(&redis, &a, pid).await;
+        eprintln!("attempt {attempt}: live {live:?} stored {stored:?}");
+        let answered = |d: &Vec<String>| {
+            d.iter()
+                .any(|x| x == &format!("response {id}") || x == &format!("error {id} -32091"))
+        };
+        assert!(
+            answered(&live) && answered(&stored),
+            "attempt {attempt}: call {id} never answered: its stream {live:?}, on Redis {stored:?}"
+        );
+    }
+    a.stop().await;
+}
