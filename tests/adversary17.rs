@@ -227,6 +227,16 @@ async fn a_rewound_redis_leaves_the_session_unended_and_its_call_unanswered() {
     a.stop().await;
 }
 
+/// `tasks/get` of `task` from `t`: the answer's JSON.
+async fn task_get(t: &support::security::Target, task: &str) -> Value {
+    let get = support::modern::req(json!(2), "tasks/get", json!({"taskId": task}), true);
+    let mut h = support::modern::headers(&get, &None);
+    h.push(("mcp-name", task));
+    let r = t.send("POST", "/mcp", &h, Some(&get.to_string())).await;
+    assert_eq!(r.status, 200);
+    r.json().await
+}
+
 /// A task on the shared log whose result is larger than the in-memory window's byte budget
 /// (512 KiB): publishing the final event pushes the task's creation event (seq 1) out of the
 /// window, and the task code reads a task only through `Log::read_held`, which on Redis serves
@@ -526,5 +536,56 @@ async fn stopping_with_redis_gone_never_returns() {
         stopped.is_ok(),
         "the proxy's stop had not returned {:?} after it began (Redis unreachable)",
         t0.elapsed()
+    );
+}
+
+/// A task finished on a replica with `log.backend = "redis"`; the replica is SIGKILLed and
+/// restarts (same data dir, same `cluster.replica_id`). The task's log and result are on Redis
+/// (its keys expire after `tasks.ttl_secs`), but the tasks code finds a task only through
+/// `Log::get` — the logs this process holds — and a shared-log start hands back no logs
+/// (`open_shared` returns no `Interrupted`, `lookup` is not used for tasks): `tasks/get` answers
+/// "not found" for a completed task within its TTL. With the local backend the same restart
+/// reads it back completed (tests/modern_tasks.rs `tasks_survive_a_sigkill_of_the_proxy`).
+/// §12 (a task's outcome is durable and readable until its TTL, across restarts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "adversary17: a completed task is 'not found' after its replica restarts on the Redis backend"]
+async fn a_finished_task_is_lost_when_its_replica_restarts() {
+    use support::modern::{call, demo, post};
+    use support::security::Target;
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = demo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let url = format!("url = \"{}\"", redis.url());
+    let extra = [
+        ("[log]", "backend = \"redis\""),
+        ("[log.redis]", url.as_str()),
+        ("[cluster]", "replica_id = \"pod-a\""),
+        ("[tasks]", "mode = \"always\""),
+    ];
+    let mut p = ProxyProc::start(&up.sse_url(), &data, &extra).await;
+    let t = Target::plain(format!("127.0.0.1:{}", p.port).parse().unwrap());
+    let r = post(&t, &call(1, "echo", json!({"text": "kept"}), true), None).await;
+    assert_eq!(r.status, 200);
+    let v = r.json().await;
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    let task = v["result"]["taskId"].as_str().unwrap().to_string();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let g = task_get(&t, &task).await;
+        if g["result"]["status"] == "completed" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never completed: {g}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    p.proc.kill();
+    let p2 = ProxyProc::start(&up.sse_url(), &data, &extra).await;
+    let t2 = Target::plain(format!("127.0.0.1:{}", p2.port).parse().unwrap());
+    let g = task_get(&t2, &task).await;
+    assert_eq!(
+        (g["result"]["status"].clone(), g["result"]["result"]["content"][0]["text"].clone()),
+        (json!("completed"), json!("kept")),
+        "tasks/get after the restart: {g}"
     );
 }
