@@ -104,7 +104,16 @@ fn by_id(evs: &[Ev]) -> BTreeMap<String, String> {
 /// connection.
 async fn rewind(
     reconnect: bool,
-) -> (RedisServer, Upstream, Proxy, Client, u64, Sse, Vec<Ev>, String) {
+) -> (
+    RedisServer,
+    Upstream,
+    Proxy,
+    Client,
+    u64,
+    Sse,
+    Vec<Ev>,
+    String,
+) {
     let mut redis = RedisServer::start(Persist::None).await;
     let up = fastmcp().await;
     let a = proxy_with(&up, &redis, "pod-a", |c| {
@@ -125,6 +134,11 @@ async fn rewind(
         s.until(|e| !e.is_priming() && e.describe() == "progress 4")
             .await,
     );
+    if reconnect {
+        // "log tick 4" follows "progress 4" at once: let it be written before the restart, so
+        // that no write is in flight when Redis goes (the next is 1.5 s away).
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
     redis.restart().await;
     if reconnect {
         let mut other = c.at(a.addr());
@@ -164,6 +178,16 @@ async fn a_rewound_redis_lets_the_owner_reuse_delivered_ids() {
         let mut rs = r.sse();
         drain(&mut rs, &mut resumed, Duration::from_secs(5)).await;
     }
+    eprintln!(
+        "live {:?} resume {status} {:?} redis {:?}",
+        desc(&seen),
+        desc(&resumed),
+        now.values()
+            .map(|d| serde_json::from_str(d)
+                .map(|v| describe(&v))
+                .unwrap_or_default())
+            .collect::<Vec<_>>()
+    );
     let bad_resume = conflicts(&delivered, &by_id(&resumed));
     assert!(
         bad.is_empty() && bad_resume.is_empty(),
@@ -208,7 +232,11 @@ async fn a_rewound_redis_leaves_the_session_unended_and_its_call_unanswered() {
     };
     let shared = Shared::connect(&redis.url(), PREFIX).await.unwrap();
     let sid = SessionId::parse(&c.session).unwrap();
-    let rec = shared.read(&sid, u64::MAX, 1).await.unwrap().map(|(r, _)| r);
+    let rec = shared
+        .read(&sid, u64::MAX, 1)
+        .await
+        .unwrap()
+        .map(|(r, _)| r);
     let answered = seen
         .iter()
         .chain(resumed.iter())
@@ -267,7 +295,12 @@ async fn a_task_with_a_large_result_is_lost_on_the_redis_backend() {
     let st = r.status;
     let v = r.json().await;
     assert_eq!(st, 200, "{v}");
-    assert_eq!(v["result"]["resultType"], "task", "{}", &v.to_string()[..200.min(v.to_string().len())]);
+    assert_eq!(
+        v["result"]["resultType"],
+        "task",
+        "{}",
+        &v.to_string()[..200.min(v.to_string().len())]
+    );
     let task = v["result"]["taskId"].as_str().unwrap().to_string();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     let last = loop {
@@ -287,7 +320,9 @@ async fn a_task_with_a_large_result_is_lost_on_the_redis_backend() {
     let shown: String = last.to_string().chars().take(300).collect();
     assert_eq!(last["result"]["status"], "completed", "tasks/get: {shown}");
     assert_eq!(
-        last["result"]["result"]["content"][0]["text"].as_str().map(str::len),
+        last["result"]["result"]["content"][0]["text"]
+            .as_str()
+            .map(str::len),
         Some(big.len()),
         "tasks/get: {shown}"
     );
@@ -317,24 +352,6 @@ fn signal(pid: u32, sig: &str) {
         .unwrap()
         .success();
     assert!(ok, "kill -{sig} {pid}");
-}
-
-/// Polls a resume from `cursor` until it is not 503 (or `d` passes); its status and events.
-async fn resume_settled(c: &Client, cursor: &str, d: Duration) -> (u16, Vec<Ev>) {
-    let deadline = tokio::time::Instant::now() + d;
-    loop {
-        let r = c.get(Some(cursor)).await;
-        let status = r.status;
-        let mut evs = Vec::new();
-        if status == 200 {
-            let mut rs = r.sse();
-            drain(&mut rs, &mut evs, Duration::from_secs(5)).await;
-        }
-        if status != 503 || tokio::time::Instant::now() > deadline {
-            return (status, evs);
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
 }
 
 /// Every session this replica creates is added to its `owned` set (`SADD` before `create`), and
@@ -370,7 +387,10 @@ async fn the_owned_set_keeps_every_session_ever_opened() {
         .query_async(&mut admin)
         .await
         .unwrap();
-    let live: u64 = ::redis::cmd("DBSIZE").query_async(&mut admin).await.unwrap();
+    let live: u64 = ::redis::cmd("DBSIZE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
     assert!(
         owned == 0 || ttl > 0,
         "no session is live, yet the owned set holds {owned} ids (TTL {ttl}); keys in Redis: {live}"
@@ -427,7 +447,11 @@ async fn a_twin_replica_id_stop_disowns_live_sessions_so_a_crash_leaves_them_una
     }
     let shared = Shared::connect(&redis.url(), PREFIX).await.unwrap();
     let sid = SessionId::parse(&c.session).unwrap();
-    let rec = shared.read(&sid, u64::MAX, 1).await.unwrap().map(|(r, _)| r);
+    let rec = shared
+        .read(&sid, u64::MAX, 1)
+        .await
+        .unwrap()
+        .map(|(r, _)| r);
     let d = desc(&rest);
     assert!(
         status == 200 && d.last() == Some(&format!("error {id} -32091")),
@@ -456,7 +480,15 @@ async fn answer_then_end_in_one_turn(
     let other = tokio::spawn(async move {
         let body = json!({"jsonrpc":"2.0","id":0,"method":"initialize","params":{
             "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name":"b","version":"0"}}});
-        send(addr, "POST", "/mcp", &[ACCEPT_BOTH, JSON_CT], Some(&body.to_string())).await.status
+        send(
+            addr,
+            "POST",
+            "/mcp",
+            &[ACCEPT_BOTH, JSON_CT],
+            Some(&body.to_string()),
+        )
+        .await
+        .status
     });
     tokio::time::sleep(Duration::from_millis(330)).await;
     // The answer is in the writer's queue now; the client ends the session.
@@ -576,7 +608,10 @@ async fn a_finished_task_is_lost_when_its_replica_restarts() {
         if g["result"]["status"] == "completed" {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "never completed: {g}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never completed: {g}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     p.proc.kill();
@@ -584,7 +619,10 @@ async fn a_finished_task_is_lost_when_its_replica_restarts() {
     let t2 = Target::plain(format!("127.0.0.1:{}", p2.port).parse().unwrap());
     let g = task_get(&t2, &task).await;
     assert_eq!(
-        (g["result"]["status"].clone(), g["result"]["result"]["content"][0]["text"].clone()),
+        (
+            g["result"]["status"].clone(),
+            g["result"]["result"]["content"][0]["text"].clone()
+        ),
         (json!("completed"), json!("kept")),
         "tasks/get after the restart: {g}"
     );
