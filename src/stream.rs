@@ -227,6 +227,12 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
             if spec.log.removed() {
                 return End::Removed;
             }
+            if spec.log.end_published() && spec.after >= spec.log.head() {
+                // The session is over and this reader stands at or past its last event: only a
+                // history rewritten under it (a shared log rewound, its epoch sealed below the
+                // reader) gets here. Nothing more comes; a resume from its cursor is refused.
+                return End::SessionEnded;
+            }
             if *env.drain.borrow() {
                 // Draining and caught up: everything logged before the drain (the in-flight aborts
                 // and end markers of the sessions shutdown ended) has been delivered.

@@ -163,7 +163,6 @@ async fn rewind(
 /// under the old ids. I2 (an id never names two events), I3/§13 ("a rewind ... ends the
 /// session; cursors past what survived get cursor_ahead ... never a 200 with a gap").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "adversary17: a Redis rewind lets the owner write its end over ids clients already saw (I2)"]
 async fn a_rewound_redis_lets_the_owner_reuse_delivered_ids() {
     let (redis, _up, a, c, _id, mut s, mut seen, cursor) = rewind(true).await;
     drain(&mut s, &mut seen, Duration::from_secs(10)).await;
@@ -210,7 +209,6 @@ async fn a_rewound_redis_lets_the_owner_reuse_delivered_ids() {
 /// -32091; the session ends, then 404), §13 ("a rewind: the owner's compare-and-append catches
 /// it and ends the session").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "adversary17: after a Redis rewind the session never ends: no -32091, resumes 503 forever"]
 async fn a_rewound_redis_leaves_the_session_unended_and_its_call_unanswered() {
     let (redis, _up, a, c, id, mut s, mut seen, cursor) = rewind(false).await;
     let ended = drain(&mut s, &mut seen, Duration::from_secs(10)).await;
@@ -361,7 +359,6 @@ fn signal(pid: u32, sig: &str) {
 /// `end_previous` reads the record of every one of them, one round trip each, before the proxy
 /// listens. Unbounded memory (on Redis) and an unbounded start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "adversary17: the replica's owned set keeps every session ever opened (unbounded, no expiry)"]
 async fn the_owned_set_keeps_every_session_ever_opened() {
     let redis = RedisServer::start(Persist::AofAlways).await;
     let up = fastmcp().await;
@@ -408,7 +405,6 @@ async fn the_owned_set_keeps_every_session_ever_opened() {
 /// abort. I6 (every in-flight request gets a logged -32091 so no client await hangs), §13
 /// ("a restarted replica ends what its previous run left live").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "adversary17: a clean stop of a same-replica_id twin disowns the other's sessions; after its crash they never end"]
 async fn a_twin_replica_id_stop_disowns_live_sessions_so_a_crash_leaves_them_unanswered() {
     let redis = RedisServer::start(Persist::AofAlways).await;
     let up = fastmcp().await;
@@ -419,7 +415,8 @@ async fn a_twin_replica_id_stop_disowns_live_sessions_so_a_crash_leaves_them_una
     let extra = [
         ("[log]", "backend = \"redis\""),
         ("[log.redis]", url.as_str()),
-        ("[cluster]", "replica_id = \"pod-a\""),
+        // The lease decides when a dead run's sessions are taken over (short here).
+        ("[cluster]", "replica_id = \"pod-a\"\nlease_ms = 2000"),
     ];
     let mut p = ProxyProc::start(&up.sse_url(), &data, &extra).await;
     let addr = format!("127.0.0.1:{}", p.port).parse().unwrap();
@@ -522,7 +519,6 @@ async fn answer_then_end_in_one_turn(
 /// is made likely by pausing Redis (SIGSTOP, shorter than the client's 500 ms response timeout)
 /// while another session's Create holds the writer; several attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "adversary17: an answer queued before the end in the same writer turn is dropped; the call is never answered"]
 async fn an_answer_queued_before_the_end_in_one_turn_is_dropped() {
     let redis = RedisServer::start(Persist::AofAlways).await;
     let up = fastmcp().await;
@@ -552,7 +548,6 @@ async fn an_answer_queued_before_the_end_in_one_turn_is_dropped() {
 /// here; a SIGTERMed pod hangs until it
 /// is SIGKILLed). A writer that never stops; shutdown (§7) bounded by `shutdown grace`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "adversary17: with Redis gone, stopping the proxy never returns (log.close awaits a writer retrying forever)"]
 async fn stopping_with_redis_gone_never_returns() {
     let mut redis = RedisServer::start(Persist::AofAlways).await;
     let up = fastmcp().await;
