@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Request};
+use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
 
 use super::http::{error_response, plain, query_param, sse_response, Caller, Resp};
@@ -137,7 +137,7 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         .forward(&ctx.reg, body, &peek, StreamTag::LEGACY)
         .await
     {
-        Ok(()) => plain(202, "text/plain", "Accepted"),
+        Ok(()) => plain(StatusCode::ACCEPTED, "text/plain", "Accepted"),
         Err(e) => error_response(&e, peek.id.as_deref()),
     }
 }

@@ -40,6 +40,7 @@ pub use crate::config::{TaskMode, TasksConfig};
 use crate::domain::{EndReason, Facade};
 use crate::error::{Error, Result, StoreError};
 use crate::identity::Identity;
+use crate::jsonrpc::Answer;
 use crate::log::cursor::SessionId;
 use crate::log::{Health, Kind, Log, NewEvent, SessionLog, StreamTag};
 use crate::session::Owner;
@@ -74,6 +75,12 @@ impl TaskStatus {
             TaskStatus::Cancelled => "cancelled",
         }
     }
+}
+
+/// A task's outcome when it ends without the upstream's answer: an error of its row of the answer
+/// table (code and reason).
+fn outcome_error(a: Answer, message: &str) -> Value {
+    json!({"error": {"code": a.code(), "message": message, "data": {"reason": a.reason()}}})
 }
 
 /// Milliseconds since the Unix epoch.
@@ -422,14 +429,11 @@ impl Tasks {
                     }
                     Some(UpMsg::Cancelled) => {
                         call.finish();
-                        break json!({"error": {"code": crate::jsonrpc::INTERNAL_ERROR, "message": "the upstream cancelled the request",
-                            "data": {"reason": "upstream_cancelled"}}});
+                        break outcome_error(Answer::UpstreamCancelled, "the upstream cancelled the request");
                     }
                     Some(UpMsg::Lost) | None => {
                         call.finish();
-                        break json!({"error": {"code": crate::jsonrpc::INFLIGHT_ABORTED,
-                            "message": "request aborted: upstream session lost",
-                            "data": {"reason": "upstream_lost"}}});
+                        break outcome_error(Answer::CallLost, "request aborted: upstream session lost");
                     }
                 },
                 c = ctl.recv() => match c {
@@ -470,8 +474,7 @@ impl Tasks {
                         }
                         // Dropped unfinished: `notifications/cancelled` goes upstream.
                         drop(call);
-                        break json!({"error": {"code": crate::jsonrpc::INTERNAL_ERROR, "message": "task cancelled",
-                            "data": {"reason": "task_cancelled"}}});
+                        break outcome_error(Answer::TaskCancelled, "task cancelled");
                     }
                 },
             }
@@ -562,7 +565,7 @@ impl Tasks {
             }
             Some(f)
                 if f.pointer("/error/data/reason").and_then(Value::as_str)
-                    == Some("task_cancelled") =>
+                    == Some(Answer::TaskCancelled.reason()) =>
             {
                 t["status"] = json!(TaskStatus::Cancelled.as_str());
                 t["statusMessage"] = json!("cancelled by the client");
@@ -582,7 +585,7 @@ impl Tasks {
                 // Ended (or being ended by recovery) without an outcome: the run that held it died.
                 t["status"] = json!(TaskStatus::Failed.as_str());
                 t["statusMessage"] = json!("upstream session lost");
-                t["error"] = json!({"code": crate::jsonrpc::INFLIGHT_ABORTED,
+                t["error"] = json!({"code": Answer::CallLost.code(),
                     "message": "request aborted: upstream session ended (upstream_lost)"});
             }
         }
