@@ -35,6 +35,13 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// A body nested deeper than [`crate::jsonrpc::MAX_DEPTH`], refused before any parse (every
+    /// face).
+    #[error(
+        "Invalid Request: JSON nested deeper than {} levels",
+        crate::jsonrpc::MAX_DEPTH
+    )]
+    TooDeep,
     /// Parameters the proxy needs are missing or wrong, with its row of the answer table (a
     /// `-32602` one).
     #[error("Invalid params: {message}")]
@@ -116,6 +123,7 @@ impl Error {
             Error::UnknownSession => Answer::UnknownSession,
             Error::BadRequest(_) => Answer::BadRequest,
             Error::Parse => Answer::Parse,
+            Error::TooDeep => Answer::InvalidRequest,
             Error::Invalid { answer, .. } | Error::InvalidParams { answer, .. } => *answer,
             Error::MissingSessionId => Answer::MissingSessionId,
             Error::UnsupportedVersion(_) => Answer::UnsupportedVersionHeader,

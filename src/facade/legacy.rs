@@ -130,6 +130,11 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         Ok(b) => b,
         Err(r) => return *r,
     };
+    // Nesting is bounded before any parse, as on the other faces: the parse below recurses once
+    // per level, and the upstream gets only what the proxy would take itself.
+    if jsonrpc::too_deep(&body, jsonrpc::MAX_DEPTH) {
+        return error_response(&Error::TooDeep, None);
+    }
     let Some(peek) = jsonrpc::peek(&body) else {
         return error_response(&Error::Parse, None);
     };

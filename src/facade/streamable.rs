@@ -165,11 +165,7 @@ pub const MAX_BATCH: usize = 256;
 fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
     let parse_error = || Box::new(error_response(&Error::Parse, None));
     if jsonrpc::too_deep(body, jsonrpc::MAX_DEPTH) {
-        return Err(Box::new(invalid(
-            None,
-            Answer::InvalidRequest,
-            format!("JSON nested deeper than {} levels", jsonrpc::MAX_DEPTH),
-        )));
+        return Err(Box::new(error_response(&Error::TooDeep, None)));
     }
     let raw = serde_json::from_slice::<&RawValue>(body).map_err(|_| parse_error())?;
     let not_rpc = || {

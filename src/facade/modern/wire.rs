@@ -439,16 +439,8 @@ pub fn validate(
 ) -> Result<Checked, (Value, Refusal)> {
     let null = Value::Null;
     if crate::jsonrpc::too_deep(body, crate::jsonrpc::MAX_DEPTH) {
-        return Err((
-            null,
-            Refusal::new(
-                Answer::InvalidRequest,
-                format!(
-                    "Invalid Request: JSON nested deeper than {} levels",
-                    crate::jsonrpc::MAX_DEPTH
-                ),
-            ),
-        ));
+        let too_deep = crate::error::Error::TooDeep;
+        return Err((null, Refusal::new(too_deep.answer(), too_deep.to_string())));
     }
     if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
         return Err((
