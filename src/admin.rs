@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use http::Request;
+use http::{Request, StatusCode};
 use hyper::body::Incoming;
 
 use crate::facade::http::{plain, Resp};
@@ -27,19 +27,19 @@ impl Admin {
     pub async fn handle(self, req: Request<Incoming>) -> Resp {
         match req.uri().path() {
             "/metrics" => plain(
-                200,
+                StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
                 self.metrics.render(),
             ),
-            "/healthz" => plain(200, "text/plain", "ok\n"),
+            "/healthz" => plain(StatusCode::OK, "text/plain", "ok\n"),
             "/readyz" => {
                 if self.ready.load(Ordering::Acquire) && self.store_ok.load(Ordering::Acquire) {
-                    plain(200, "text/plain", "ready\n")
+                    plain(StatusCode::OK, "text/plain", "ready\n")
                 } else {
-                    plain(503, "text/plain", "not ready\n")
+                    plain(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "not ready\n")
                 }
             }
-            _ => plain(404, "text/plain", "Not Found"),
+            _ => plain(StatusCode::NOT_FOUND, "text/plain", "Not Found"),
         }
     }
 }

@@ -1,8 +1,10 @@
 //! The crate's error type. Each variant belongs to one boundary (client, upstream, store,
-//! capacity), which picks the HTTP status; callers sort errors with predicates, never by text.
+//! capacity), which picks its row of the answer table ([`crate::jsonrpc::Answer`]: HTTP status,
+//! JSON-RPC code, reason); callers sort errors with predicates, never by text.
 
 use std::sync::Arc;
 
+pub use crate::jsonrpc::Answer;
 use crate::log::cursor::Refusal;
 pub use crate::upstream::UpstreamError;
 
@@ -10,7 +12,7 @@ pub use crate::upstream::UpstreamError;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// Every error the proxy reports. Each has one client-facing answer (HTTP status, JSON-RPC
-/// code, `error.data.reason`), in one table: [`Error::answer`].
+/// code, `error.data.reason`): its row of the one table of all faces, [`Error::answer`].
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A resume was refused (design.md §4).
@@ -25,19 +27,27 @@ pub enum Error {
     /// The body is not JSON.
     #[error("Parse error: body is not a JSON-RPC message")]
     Parse,
-    /// Not a request the proxy can take, with the reason's label.
+    /// Not a request the proxy can take, with its row of the answer table (a `-32600` one).
     #[error("Invalid Request: {message}")]
     Invalid {
-        /// `error.data.reason`.
-        reason: &'static str,
+        /// Its answer.
+        answer: Answer,
         /// What is wrong.
         message: String,
     },
-    /// Parameters the proxy needs are missing or wrong.
+    /// A body nested deeper than [`crate::jsonrpc::MAX_DEPTH`], refused before any parse (every
+    /// face).
+    #[error(
+        "Invalid Request: JSON nested deeper than {} levels",
+        crate::jsonrpc::MAX_DEPTH
+    )]
+    TooDeep,
+    /// Parameters the proxy needs are missing or wrong, with its row of the answer table (a
+    /// `-32602` one).
     #[error("Invalid params: {message}")]
     InvalidParams {
-        /// `error.data.reason`.
-        reason: &'static str,
+        /// Its answer.
+        answer: Answer,
         /// What is wrong.
         message: String,
     },
@@ -100,68 +110,42 @@ impl From<UpstreamError> for Error {
     }
 }
 
-/// How an [`Error`] is told to a client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Answer {
-    /// HTTP status.
-    pub status: u16,
-    /// JSON-RPC error code.
-    pub code: i64,
-    /// `error.data.reason`.
-    pub reason: &'static str,
-}
-
 impl Error {
     /// Is this a timeout?
     pub fn is_timeout(&self) -> bool {
         matches!(self, Error::UpstreamTimeout(_))
     }
 
-    /// The one table of client-facing answers.
+    /// How it is told to a client: its row of the one answer table ([`Answer`]).
     pub fn answer(&self) -> Answer {
-        let (status, code, reason) = match self {
-            Error::Refused(r) => (r.status(), crate::jsonrpc::RESUME_GAP, r.as_str()),
-            Error::UnknownSession => (404, crate::jsonrpc::SESSION_ERROR, "unknown_session"),
-            Error::BadRequest(_) => (400, crate::jsonrpc::INVALID_REQUEST, "bad_request"),
-            Error::Parse => (400, crate::jsonrpc::PARSE_ERROR, "parse_error"),
-            Error::Invalid { reason, .. } => (400, crate::jsonrpc::INVALID_REQUEST, *reason),
-            Error::InvalidParams { reason, .. } => (400, crate::jsonrpc::INVALID_PARAMS, *reason),
-            Error::MissingSessionId => (400, crate::jsonrpc::INVALID_REQUEST, "missing_session_id"),
-            Error::UnsupportedVersion(_) => (
-                400,
-                crate::jsonrpc::INVALID_REQUEST,
-                "unsupported_protocol_version",
-            ),
-            Error::NotAcceptable(_) => (406, crate::jsonrpc::INVALID_REQUEST, "not_acceptable"),
-            Error::UnsupportedMediaType => (
-                415,
-                crate::jsonrpc::INVALID_REQUEST,
-                "unsupported_media_type",
-            ),
-            Error::OriginNotAllowed => (403, crate::jsonrpc::SERVER_ERROR, "origin_not_allowed"),
-            Error::HostNotAllowed => (403, crate::jsonrpc::SERVER_ERROR, "host_not_allowed"),
-            Error::IdentityRequired => (401, crate::jsonrpc::SESSION_ERROR, "identity_required"),
-            Error::InvalidToken => (401, crate::jsonrpc::SESSION_ERROR, "invalid_token"),
-            Error::StreamActive => (409, crate::jsonrpc::SERVER_ERROR, "stream_active"),
-            Error::MethodNotAllowed(_) => {
-                (405, crate::jsonrpc::INVALID_REQUEST, "method_not_allowed")
-            }
-            Error::Upstream(_) => (502, crate::jsonrpc::INTERNAL_ERROR, "upstream_error"),
-            Error::UpstreamTimeout(_) => (504, crate::jsonrpc::INTERNAL_ERROR, "upstream_timeout"),
-            Error::UpstreamLost => (404, crate::jsonrpc::SESSION_ERROR, "upstream_lost"),
-            Error::Store(_) => (503, crate::jsonrpc::INTERNAL_ERROR, "store_error"),
-            Error::Capacity(_) => (503, crate::jsonrpc::INTERNAL_ERROR, "capacity"),
-        };
-        Answer {
-            status,
-            code,
-            reason,
+        match self {
+            Error::Refused(r) => Answer::Resume(*r),
+            Error::UnknownSession => Answer::UnknownSession,
+            Error::BadRequest(_) => Answer::BadRequest,
+            Error::Parse => Answer::Parse,
+            Error::TooDeep => Answer::InvalidRequest,
+            Error::Invalid { answer, .. } | Error::InvalidParams { answer, .. } => *answer,
+            Error::MissingSessionId => Answer::MissingSessionId,
+            Error::UnsupportedVersion(_) => Answer::UnsupportedVersionHeader,
+            Error::NotAcceptable(_) => Answer::NotAcceptable,
+            Error::UnsupportedMediaType => Answer::UnsupportedMediaType,
+            Error::OriginNotAllowed => Answer::OriginNotAllowed,
+            Error::HostNotAllowed => Answer::HostNotAllowed,
+            Error::IdentityRequired => Answer::IdentityRequired,
+            Error::InvalidToken => Answer::InvalidToken,
+            Error::StreamActive => Answer::StreamActive,
+            Error::MethodNotAllowed(_) => Answer::MethodNotAllowed,
+            Error::Upstream(_) => Answer::UpstreamError,
+            Error::UpstreamTimeout(_) => Answer::UpstreamTimeout,
+            Error::UpstreamLost => Answer::UpstreamLost,
+            Error::Store(_) => Answer::StoreError,
+            Error::Capacity(_) => Answer::Capacity,
         }
     }
 
     /// HTTP status for a client-facing answer.
     pub fn status(&self) -> u16 {
-        self.answer().status
+        self.answer().status().as_u16()
     }
 }
 

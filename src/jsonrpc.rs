@@ -9,11 +9,13 @@ use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::log::cursor::Refusal;
+
 /// The deepest nesting of arrays and objects a client message may have ([`too_deep`]).
 pub const MAX_DEPTH: usize = 64;
 
-// The JSON-RPC error codes of every face, in one table (HTTP statuses and reasons of the proxy's
-// own refusals: `crate::error::Error::answer`; the 2026-07-28 ladder's: `modern::wire::Refusal`).
+// The JSON-RPC error codes of every face; what each of the proxy's own answers uses, with its HTTP
+// status and reason, is the one table below ([`Answer`]).
 
 /// Invalid JSON.
 pub const PARSE_ERROR: i64 = -32700;
@@ -46,6 +48,237 @@ pub const UNDELIVERABLE: i64 = -32092;
 /// JSON-RPC error code for a request the upstream did not answer within
 /// `upstream.request_timeout_secs`.
 pub const REQUEST_TIMEOUT: i64 = -32093;
+
+// === The answer table ===
+
+/// The status of a response nobody reads, its client gone first (nginx's 499): only the access
+/// log sees it. Not a row of [`Answer`]: it carries no JSON-RPC message.
+pub const CLIENT_GONE: http::StatusCode = match http::StatusCode::from_u16(499) {
+    Ok(s) => s,
+    Err(_) => panic!("499 is a status"),
+};
+
+/// Every error the proxy answers of its own, on any face (legacy HTTP+SSE, sessionful Streamable
+/// HTTP, 2026-07-28): the one table of its HTTP status ([`Answer::status`]), JSON-RPC code
+/// ([`Answer::code`]) and `error.data.reason` ([`Answer::reason`]).
+///
+/// The sessionful and legacy faces put the reason in `error.data` ([`crate::error::Error::answer`]
+/// picks the row). The 2026-07-28 ladder's refusals (`modern::wire::Refusal`) answer with the
+/// reference server's `data` shapes, without a reason; there the reason only names the row. Its
+/// errors after the ladder are in-band (HTTP 200) and carry their reason. Answers that are no
+/// JSON-RPC message (a plain-text 413, the router's 404) are not rows: they name their
+/// [`http::StatusCode`] where they are built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// A resume refused (design.md §4): 400 for a malformed cursor, 404 for an unknown session,
+    /// 409 for the rest; the reason is the refusal's label.
+    Resume(Refusal),
+    /// No such session, or not this caller's or this face's.
+    UnknownSession,
+    /// A malformed request (the legacy face's `session_id`).
+    BadRequest,
+    /// The body is not JSON.
+    Parse,
+    /// Not a JSON-RPC message the face takes: not one, an empty or too large batch, nested deeper
+    /// than [`MAX_DEPTH`].
+    InvalidRequest,
+    /// `initialize` carrying `Mcp-Session-Id`.
+    AlreadyInitialized,
+    /// A batch under a protocol version without batches.
+    BatchNotSupported,
+    /// Params the proxy reads are missing or wrong (refused before the method runs).
+    InvalidParams,
+    /// `Mcp-Session-Id` is required.
+    MissingSessionId,
+    /// The sessionful face's `MCP-Protocol-Version` names a version it does not serve.
+    UnsupportedVersionHeader,
+    /// `Accept` does not list what the answer needs.
+    NotAcceptable,
+    /// `Content-Type` is not `application/json`.
+    UnsupportedMediaType,
+    /// A browser's `Origin` is not allowed.
+    OriginNotAllowed,
+    /// The `Host` is not allowed.
+    HostNotAllowed,
+    /// `auth.require_identity` and the request carries none.
+    IdentityRequired,
+    /// The bearer token is missing or not one the proxy accepts.
+    InvalidToken,
+    /// The standalone stream of a bearer session already has a connection.
+    StreamActive,
+    /// The method is not served on this path (answered in plain text, with `Allow`).
+    MethodNotAllowed,
+    /// The upstream could not be reached or answered badly.
+    UpstreamError,
+    /// The upstream did not answer in time.
+    UpstreamTimeout,
+    /// The upstream session is gone.
+    UpstreamLost,
+    /// The log failed.
+    StoreError,
+    /// No room (limits reached).
+    Capacity,
+    /// 2026-07-28 HeaderMismatch: a header disagrees with the body, or is missing.
+    HeaderMismatch,
+    /// 2026-07-28: the `_meta` protocol version is not one served (`data.supported`).
+    UnsupportedVersion,
+    /// 2026-07-28 `server/discover` with `modern.discover = "resumable"` (the reason is in `data`).
+    DiscoverResumable,
+    /// 2026-07-28: not one of its methods.
+    MethodNotFound,
+    /// 2026-07-28: the request needs a client capability it did not declare.
+    MissingCapability,
+    /// 2026-07-28, in-band: params wrong for the method (`params.name`, `requestState`,
+    /// `inputResponses`).
+    InBandInvalidParams,
+    /// 2026-07-28, in-band: no such task, or not this caller's.
+    TaskNotFound,
+    /// 2026-07-28, in-band: no upstream session could be had for the request.
+    UpstreamUnavailable,
+    /// 2026-07-28, in-band: the caller holds all it may (`modern.max_per_identity`), or the pool
+    /// is full.
+    CallerCapacity,
+    /// In-band: the request's upstream session ended before its answer (I6).
+    CallLost,
+    /// 2026-07-28, in-band: the upstream cancelled the request.
+    UpstreamCancelled,
+    /// 2026-07-28, in-band: the client cancelled the task.
+    TaskCancelled,
+    /// In-band: the upstream did not answer within `upstream.request_timeout_secs`.
+    RequestTimeout,
+    /// 2026-07-28, in-band: the proxy shut down before the answer.
+    ShuttingDown,
+    /// 2026-07-28, in-band: a listen's reader fell behind its notifications.
+    SlowReader,
+}
+
+impl Answer {
+    /// Its HTTP status.
+    pub fn status(self) -> http::StatusCode {
+        use http::StatusCode as S;
+        match self {
+            Answer::Resume(Refusal::MalformedCursor) => S::BAD_REQUEST,
+            Answer::Resume(Refusal::UnknownSession) => S::NOT_FOUND,
+            Answer::Resume(_) => S::CONFLICT,
+            Answer::UnknownSession | Answer::UpstreamLost | Answer::MethodNotFound => S::NOT_FOUND,
+            Answer::BadRequest
+            | Answer::Parse
+            | Answer::InvalidRequest
+            | Answer::AlreadyInitialized
+            | Answer::BatchNotSupported
+            | Answer::InvalidParams
+            | Answer::MissingSessionId
+            | Answer::UnsupportedVersionHeader
+            | Answer::HeaderMismatch
+            | Answer::UnsupportedVersion
+            | Answer::DiscoverResumable
+            | Answer::MissingCapability => S::BAD_REQUEST,
+            Answer::NotAcceptable => S::NOT_ACCEPTABLE,
+            Answer::UnsupportedMediaType => S::UNSUPPORTED_MEDIA_TYPE,
+            Answer::OriginNotAllowed | Answer::HostNotAllowed => S::FORBIDDEN,
+            Answer::IdentityRequired | Answer::InvalidToken => S::UNAUTHORIZED,
+            Answer::StreamActive => S::CONFLICT,
+            Answer::MethodNotAllowed => S::METHOD_NOT_ALLOWED,
+            Answer::UpstreamError => S::BAD_GATEWAY,
+            Answer::UpstreamTimeout => S::GATEWAY_TIMEOUT,
+            Answer::StoreError | Answer::Capacity => S::SERVICE_UNAVAILABLE,
+            Answer::InBandInvalidParams
+            | Answer::TaskNotFound
+            | Answer::UpstreamUnavailable
+            | Answer::CallerCapacity
+            | Answer::CallLost
+            | Answer::UpstreamCancelled
+            | Answer::TaskCancelled
+            | Answer::RequestTimeout
+            | Answer::ShuttingDown
+            | Answer::SlowReader => S::OK,
+        }
+    }
+
+    /// Its JSON-RPC error code.
+    pub fn code(self) -> i64 {
+        match self {
+            Answer::Resume(_) => RESUME_GAP,
+            Answer::Parse => PARSE_ERROR,
+            Answer::BadRequest
+            | Answer::InvalidRequest
+            | Answer::AlreadyInitialized
+            | Answer::BatchNotSupported
+            | Answer::MissingSessionId
+            | Answer::UnsupportedVersionHeader
+            | Answer::NotAcceptable
+            | Answer::UnsupportedMediaType
+            | Answer::MethodNotAllowed => INVALID_REQUEST,
+            Answer::InvalidParams | Answer::InBandInvalidParams | Answer::TaskNotFound => {
+                INVALID_PARAMS
+            }
+            Answer::MethodNotFound => METHOD_NOT_FOUND,
+            Answer::OriginNotAllowed | Answer::HostNotAllowed | Answer::StreamActive => {
+                SERVER_ERROR
+            }
+            Answer::UnknownSession
+            | Answer::IdentityRequired
+            | Answer::InvalidToken
+            | Answer::UpstreamLost => SESSION_ERROR,
+            Answer::UpstreamError
+            | Answer::UpstreamTimeout
+            | Answer::StoreError
+            | Answer::Capacity
+            | Answer::UpstreamUnavailable
+            | Answer::CallerCapacity
+            | Answer::UpstreamCancelled
+            | Answer::TaskCancelled
+            | Answer::SlowReader => INTERNAL_ERROR,
+            Answer::HeaderMismatch => HEADER_MISMATCH,
+            Answer::UnsupportedVersion | Answer::DiscoverResumable => UNSUPPORTED_VERSION,
+            Answer::MissingCapability => MISSING_CAPABILITY,
+            Answer::CallLost | Answer::ShuttingDown => INFLIGHT_ABORTED,
+            Answer::RequestTimeout => REQUEST_TIMEOUT,
+        }
+    }
+
+    /// Its `error.data.reason`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Answer::Resume(r) => r.as_str(),
+            Answer::UnknownSession => "unknown_session",
+            Answer::BadRequest => "bad_request",
+            Answer::Parse => "parse_error",
+            Answer::InvalidRequest => "invalid_request",
+            Answer::AlreadyInitialized => "already_initialized",
+            Answer::BatchNotSupported => "batch_not_supported",
+            Answer::InvalidParams | Answer::InBandInvalidParams => "invalid_params",
+            Answer::MissingSessionId => "missing_session_id",
+            Answer::UnsupportedVersionHeader | Answer::UnsupportedVersion => {
+                "unsupported_protocol_version"
+            }
+            Answer::NotAcceptable => "not_acceptable",
+            Answer::UnsupportedMediaType => "unsupported_media_type",
+            Answer::OriginNotAllowed => "origin_not_allowed",
+            Answer::HostNotAllowed => "host_not_allowed",
+            Answer::IdentityRequired => "identity_required",
+            Answer::InvalidToken => "invalid_token",
+            Answer::StreamActive => "stream_active",
+            Answer::MethodNotAllowed => "method_not_allowed",
+            Answer::UpstreamError => "upstream_error",
+            Answer::UpstreamTimeout => "upstream_timeout",
+            Answer::UpstreamLost | Answer::CallLost => "upstream_lost",
+            Answer::StoreError => "store_error",
+            Answer::Capacity | Answer::CallerCapacity => "capacity",
+            Answer::HeaderMismatch => "header_mismatch",
+            Answer::DiscoverResumable => "discover_resumable",
+            Answer::MethodNotFound => "method_not_found",
+            Answer::MissingCapability => "missing_capability",
+            Answer::TaskNotFound => "task_not_found",
+            Answer::UpstreamUnavailable => "upstream_unavailable",
+            Answer::UpstreamCancelled => "upstream_cancelled",
+            Answer::TaskCancelled => "task_cancelled",
+            Answer::RequestTimeout => "request_timeout",
+            Answer::ShuttingDown => "shutdown",
+            Answer::SlowReader => "slow_reader",
+        }
+    }
+}
 
 /// What routing needs to know about one JSON-RPC message.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -358,6 +591,123 @@ mod tests {
         let mut long = br#"{"jsonrpc":"2.0","id":77,"result":{"text":""#.to_vec();
         long.extend(std::iter::repeat_n(b'x', 100_000));
         assert_eq!(scan_response_id(&long).as_deref(), Some("77"));
+    }
+
+    #[test]
+    fn the_answer_table() {
+        // The wire of every row, pinned: a change here changes what clients see.
+        let rows = [
+            (
+                Answer::Resume(Refusal::MalformedCursor),
+                400,
+                -32090,
+                "malformed_cursor",
+            ),
+            (
+                Answer::Resume(Refusal::UnknownSession),
+                404,
+                -32090,
+                "unknown_session",
+            ),
+            (
+                Answer::Resume(Refusal::ForeignSession),
+                409,
+                -32090,
+                "foreign_session",
+            ),
+            (
+                Answer::Resume(Refusal::CursorTrimmed),
+                409,
+                -32090,
+                "cursor_trimmed",
+            ),
+            (
+                Answer::Resume(Refusal::CursorAhead),
+                409,
+                -32090,
+                "cursor_ahead",
+            ),
+            (
+                Answer::Resume(Refusal::UnknownEpoch),
+                409,
+                -32090,
+                "unknown_epoch",
+            ),
+            (Answer::UnknownSession, 404, -32001, "unknown_session"),
+            (Answer::BadRequest, 400, -32600, "bad_request"),
+            (Answer::Parse, 400, -32700, "parse_error"),
+            (Answer::InvalidRequest, 400, -32600, "invalid_request"),
+            (
+                Answer::AlreadyInitialized,
+                400,
+                -32600,
+                "already_initialized",
+            ),
+            (
+                Answer::BatchNotSupported,
+                400,
+                -32600,
+                "batch_not_supported",
+            ),
+            (Answer::InvalidParams, 400, -32602, "invalid_params"),
+            (Answer::MissingSessionId, 400, -32600, "missing_session_id"),
+            (
+                Answer::UnsupportedVersionHeader,
+                400,
+                -32600,
+                "unsupported_protocol_version",
+            ),
+            (Answer::NotAcceptable, 406, -32600, "not_acceptable"),
+            (
+                Answer::UnsupportedMediaType,
+                415,
+                -32600,
+                "unsupported_media_type",
+            ),
+            (Answer::OriginNotAllowed, 403, -32000, "origin_not_allowed"),
+            (Answer::HostNotAllowed, 403, -32000, "host_not_allowed"),
+            (Answer::IdentityRequired, 401, -32001, "identity_required"),
+            (Answer::InvalidToken, 401, -32001, "invalid_token"),
+            (Answer::StreamActive, 409, -32000, "stream_active"),
+            (Answer::MethodNotAllowed, 405, -32600, "method_not_allowed"),
+            (Answer::UpstreamError, 502, -32603, "upstream_error"),
+            (Answer::UpstreamTimeout, 504, -32603, "upstream_timeout"),
+            (Answer::UpstreamLost, 404, -32001, "upstream_lost"),
+            (Answer::StoreError, 503, -32603, "store_error"),
+            (Answer::Capacity, 503, -32603, "capacity"),
+            (Answer::HeaderMismatch, 400, -32020, "header_mismatch"),
+            (
+                Answer::UnsupportedVersion,
+                400,
+                -32022,
+                "unsupported_protocol_version",
+            ),
+            (Answer::DiscoverResumable, 400, -32022, "discover_resumable"),
+            (Answer::MethodNotFound, 404, -32601, "method_not_found"),
+            (Answer::MissingCapability, 400, -32021, "missing_capability"),
+            (Answer::InBandInvalidParams, 200, -32602, "invalid_params"),
+            (Answer::TaskNotFound, 200, -32602, "task_not_found"),
+            (
+                Answer::UpstreamUnavailable,
+                200,
+                -32603,
+                "upstream_unavailable",
+            ),
+            (Answer::CallerCapacity, 200, -32603, "capacity"),
+            (Answer::CallLost, 200, -32091, "upstream_lost"),
+            (Answer::UpstreamCancelled, 200, -32603, "upstream_cancelled"),
+            (Answer::TaskCancelled, 200, -32603, "task_cancelled"),
+            (Answer::RequestTimeout, 200, -32093, "request_timeout"),
+            (Answer::ShuttingDown, 200, -32091, "shutdown"),
+            (Answer::SlowReader, 200, -32603, "slow_reader"),
+        ];
+        for (a, status, code, reason) in rows {
+            assert_eq!(
+                (a.status().as_u16(), a.code(), a.reason()),
+                (status, code, reason),
+                "{a:?}"
+            );
+        }
     }
 
     #[test]

@@ -41,8 +41,9 @@
 //! [`jwt`] and [`keyfile`] whose file checks its validation runs), [`metrics`], [`admin`],
 //! [`shutdown`], [`app`] (wiring), [`sse`] (decoder/encoder), `queue` (queues bounded in items and
 //! bytes), [`jsonrpc`] (routing fields, error
-//! bodies, and the one table of JSON-RPC codes of all faces), [`identity`] and [`jwt`] (who a
-//! caller is), [`echo`] (client values cut before they are echoed), [`demo`] and [`inspect`].
+//! bodies, and the one answer table of all three faces: each JSON-RPC code, HTTP status and
+//! reason the proxy answers with, `jsonrpc::Answer`; [`error`] and the faces draw from it),
+//! [`identity`] and [`jwt`] (who a caller is), [`echo`] (client values cut before they are echoed), [`demo`] and [`inspect`].
 
 #![forbid(unsafe_code)]
 #![deny(rust_2018_idioms)]

@@ -1834,3 +1834,56 @@ async fn python_sdk_standalone_stream_survives_a_half_open_cut() {
     assert_eq!(proxy.metric(AUTH_REJECTED_STREAMABLE).await, 0.0);
     proxy.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// 10. JSON depth on the legacy face
+
+/// §11b caps JSON depth on every face (`jsonrpc::MAX_DEPTH` = 64): the legacy face's
+/// `POST /messages` refuses a body nested 100 deep as the sessionful face does (400 `-32600`
+/// `invalid_request`, "nested deeper than 64 levels") and forwards nothing; one nested 60 deep
+/// reaches the upstream. (The JSON parser's own limit is 128: 65–127 used to pass.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_posts_nested_too_deep_are_refused_before_the_upstream() {
+    let stub =
+        StubUpstream::start(|p, _| format!("http://127.0.0.1:{p}/messages?sid={{sid}}")).await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&stub.sse_url(), dir.path(), |_| {}).await;
+    let t = Target::plain(p.addr);
+    let (_sse, session) = legacy_open(&t, &[]).await;
+    // Depth = the message object, its params object, then the arrays.
+    let nested = |depth: usize| {
+        let n = depth - 2;
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"notifications/deep","params":{{"x":{}{}}}}}"#,
+            "[".repeat(n),
+            "]".repeat(n)
+        )
+    };
+    let v = refused(
+        legacy_post(&t, &session, &[], &nested(100)).await,
+        400,
+        "invalid_request",
+    )
+    .await;
+    assert_eq!(v["error"]["code"], -32600, "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("nested deeper than 64"), "{v}");
+    let r = legacy_post(&t, &session, &[], &nested(65)).await;
+    assert_eq!(r.status, 400, "65 deep is refused too");
+    assert!(
+        stub.posts().is_empty(),
+        "a too-deep body reached the upstream: {:?}",
+        stub.posts().iter().map(|b| b.len()).collect::<Vec<_>>()
+    );
+
+    let r = legacy_post(&t, &session, &[], &nested(60)).await;
+    assert_eq!(r.status, 202, "60 deep is forwarded");
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while stub.posts().is_empty() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let posts = stub.posts();
+    assert_eq!(posts.len(), 1, "one body reached the upstream");
+    assert!(posts[0].contains("notifications/deep"), "{}", posts[0]);
+    p.stop().await;
+}

@@ -1,6 +1,7 @@
 //! [2] What the three faces share, a leaf under them: the request's caller and its extensions,
 //! request bodies (size, time and memory bounds), and responses (plain bodies, JSON-RPC error
-//! bodies from [`Error::answer`], the §4 refusal, SSE). It imports no face.
+//! bodies from their row of the answer table, [`Answer`], the §4 refusal, SSE). It imports no
+//! face.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::echo;
 use crate::error::Error;
 use crate::identity::Identity;
-use crate::jsonrpc;
+use crate::jsonrpc::{self, Answer};
 use crate::log::cursor::{Cursor, Refusal, SessionId};
 use crate::log::{Log, SessionLog};
 use crate::metrics::Metrics;
@@ -174,41 +175,40 @@ pub fn holding(mut resp: Resp, slot: Option<StreamSlot>) -> Resp {
 }
 
 /// A plain response with a fixed body.
-pub fn plain(status: u16, content_type: &str, body: impl Into<Bytes>) -> Resp {
+pub fn plain(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Resp {
     let mut r = Response::new(Either::Left(Full::new(body.into())));
-    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    *r.status_mut() = status;
     if let Ok(v) = HeaderValue::from_str(content_type) {
         r.headers_mut().insert(header::CONTENT_TYPE, v);
     }
     r
 }
 
-/// A JSON-RPC error response body with HTTP `status`. The client's request id is echoed cut to
-/// [`echo::MAX_ECHO`] bytes ([`echo::json_id`]).
+/// A JSON-RPC error response with the HTTP status and code of its row of the answer table. The
+/// client's request id is echoed cut to [`echo::MAX_ECHO`] bytes ([`echo::json_id`]).
 pub fn json_error(
-    status: u16,
+    answer: Answer,
     id: Option<&str>,
-    code: i64,
     message: &str,
     data: serde_json::Value,
 ) -> Resp {
     let id = echo::json_id(id.unwrap_or("null"));
     plain(
-        status,
+        answer.status(),
         "application/json",
-        jsonrpc::error_response(&id, code, message, data),
+        jsonrpc::error_response(&id, answer.code(), message, data),
     )
 }
 
-/// The client-facing answer for an [`Error`], from its one table ([`Error::answer`]): a JSON-RPC
-/// error body with the status, code and `error.data.reason` (the §4 refusals, which carry the log's
-/// positions too, are built by [`refusal`]).
+/// The client-facing answer for an [`Error`], from its row of the one table ([`Error::answer`]):
+/// a JSON-RPC error body with the status, code and `error.data.reason` (the §4 refusals, which
+/// carry the log's positions too, are built by [`refusal`]).
 pub fn error_response(e: &Error, id: Option<&str>) -> Resp {
     let a = e.answer();
-    let mut data = serde_json::json!({"reason": a.reason});
+    let mut data = serde_json::json!({"reason": a.reason()});
     match e {
         Error::MethodNotAllowed(allow) => {
-            let mut r = plain(405, "text/plain", "Method Not Allowed");
+            let mut r = plain(a.status(), "text/plain", "Method Not Allowed");
             r.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));
             return r;
@@ -218,7 +218,7 @@ pub fn error_response(e: &Error, id: Option<&str>) -> Resp {
         }
         _ => {}
     }
-    json_error(a.status, id, a.code, &e.to_string(), data)
+    json_error(a, id, &e.to_string(), data)
 }
 
 /// The §4 refusal: status, JSON-RPC error body, counter and one structured log line.
@@ -282,11 +282,9 @@ pub fn refusal(
         last_event_id,
         "resume refused"
     );
-    let a = Error::Refused(reason).answer();
     json_error(
-        a.status,
+        Answer::Resume(reason),
         None,
-        a.code,
         &message,
         serde_json::json!({
             "reason": reason.as_str(),
@@ -340,18 +338,18 @@ impl BodyError {
     pub fn response(&self) -> Resp {
         match self {
             BodyError::TooLarge => plain(
-                413,
+                StatusCode::PAYLOAD_TOO_LARGE,
                 "text/plain",
                 format!("Payload Too Large: a request body may hold at most {MAX_BODY} bytes"),
             ),
             BodyError::Timeout => close(plain(
-                408,
+                StatusCode::REQUEST_TIMEOUT,
                 "text/plain",
                 "Request Timeout: the request body did not arrive within listen.body_timeout_secs",
             )),
             BodyError::Busy => {
                 let mut r = close(plain(
-                    503,
+                    StatusCode::SERVICE_UNAVAILABLE,
                     "text/plain",
                     "Service Unavailable: too many request bodies in flight (listen.max_body_bytes_in_flight)",
                 ));
@@ -362,7 +360,7 @@ impl BodyError {
             BodyError::Aborted(why) => {
                 tracing::debug!(error = %why, "request body ended early; client gone");
                 close(plain(
-                    400,
+                    StatusCode::BAD_REQUEST,
                     "text/plain",
                     "Bad Request: incomplete request body",
                 ))
@@ -804,7 +802,12 @@ mod tests {
     #[test]
     fn long_ids_are_cut_in_error_bodies() {
         let id = serde_json::Value::String("i".repeat(300 * 1024)).to_string();
-        let r = json_error(400, Some(&id), -32600, "x", serde_json::json!({}));
+        let r = json_error(
+            Answer::InvalidRequest,
+            Some(&id),
+            "x",
+            serde_json::json!({}),
+        );
         let Either::Left(full) = r.into_body() else {
             panic!("a fixed body")
         };

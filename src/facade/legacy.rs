@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Request};
+use http::{Method, Request, StatusCode};
 use hyper::body::Incoming;
 
 use super::http::{error_response, plain, query_param, sse_response, Caller, Resp};
@@ -131,6 +131,11 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         Ok(b) => b,
         Err(r) => return *r,
     };
+    // Nesting is bounded before any parse, as on the other faces: the parse below recurses once
+    // per level, and the upstream gets only what the proxy would take itself.
+    if jsonrpc::too_deep(&body, jsonrpc::MAX_DEPTH) {
+        return error_response(&Error::TooDeep, None);
+    }
     let Some(peek) = jsonrpc::peek(&body) else {
         return error_response(&Error::Parse, None);
     };
@@ -138,7 +143,7 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         .forward(&ctx.reg, body, &peek, StreamTag::LEGACY)
         .await
     {
-        Ok(()) => plain(202, "text/plain", "Accepted"),
+        Ok(()) => plain(StatusCode::ACCEPTED, "text/plain", "Accepted"),
         Err(e) => error_response(&e, peek.id.as_deref()),
     }
 }

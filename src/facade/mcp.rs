@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use http::{header, HeaderMap, HeaderValue, Method, Request};
+use http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::http::{error_response, holding, plain, Caller, LegacyBody, Resp, SUPPORTED_VERSIONS};
 use super::{legacy, modern, read_client_body, streamable, Ctx};
 use crate::error::Error;
+use crate::jsonrpc::Answer;
 
 /// Routes one client request to its face.
 pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
@@ -27,7 +28,7 @@ pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
     } else if path == cfg.streamable.path {
         endpoint(&ctx, req).await
     } else {
-        plain(404, "text/plain", "Not Found")
+        plain(StatusCode::NOT_FOUND, "text/plain", "Not Found")
     }
 }
 
@@ -86,7 +87,7 @@ pub fn refuse_get_delete(h: &HeaderMap) -> Option<Resp> {
         return None;
     }
     let mut r = plain(
-        405,
+        Answer::MethodNotAllowed.status(),
         "text/plain",
         "Method Not Allowed: protocol version 2026-07-28 is served by POST only",
     );

@@ -142,11 +142,10 @@ impl Ctx {
                 let e = Error::OriginNotAllowed;
                 let a = e.answer();
                 return Err(Box::new(json_error(
-                    a.status,
+                    a,
                     None,
-                    a.code,
                     &e.to_string(),
-                    serde_json::json!({"reason": a.reason, "origin": echo::clip(&o)}),
+                    serde_json::json!({"reason": a.reason(), "origin": echo::clip(&o)}),
                 )));
             }
         }

@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, Request};
+use http::{header, HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Either};
 use hyper::body::Incoming;
 use serde_json::json;
@@ -34,7 +34,7 @@ use super::{read_client_body, Ctx};
 use crate::domain::{EndReason, Facade};
 use crate::echo;
 use crate::error::Error;
-use crate::jsonrpc::{self, Peek};
+use crate::jsonrpc::{self, Answer, Peek};
 use crate::log::cursor::{Refusal, SessionId};
 use crate::log::{Kind, NewEvent, SessionLog, StreamTag};
 use crate::session::Session;
@@ -117,11 +117,11 @@ fn missing_session() -> Resp {
     error_response(&Error::MissingSessionId, None)
 }
 
-/// 400 `Invalid Request` with its reason.
-fn invalid(id: Option<&str>, reason: &'static str, message: impl Into<String>) -> Resp {
+/// 400 `Invalid Request` with its row of the answer table.
+fn invalid(id: Option<&str>, answer: Answer, message: impl Into<String>) -> Resp {
     error_response(
         &Error::Invalid {
-            reason,
+            answer,
             message: message.into(),
         },
         id,
@@ -165,17 +165,13 @@ pub const MAX_BATCH: usize = 256;
 fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
     let parse_error = || Box::new(error_response(&Error::Parse, None));
     if jsonrpc::too_deep(body, jsonrpc::MAX_DEPTH) {
-        return Err(Box::new(invalid(
-            None,
-            "invalid_request",
-            format!("JSON nested deeper than {} levels", jsonrpc::MAX_DEPTH),
-        )));
+        return Err(Box::new(error_response(&Error::TooDeep, None)));
     }
     let raw = serde_json::from_slice::<&RawValue>(body).map_err(|_| parse_error())?;
     let not_rpc = || {
         Box::new(invalid(
             None,
-            "invalid_request",
+            Answer::InvalidRequest,
             "not a JSON-RPC request, notification or response",
         ))
     };
@@ -201,12 +197,16 @@ fn parse_body(body: &Bytes) -> Result<(Vec<Msg>, bool), Early> {
         }
     });
     if members == 0 {
-        return Err(Box::new(invalid(None, "invalid_request", "empty batch")));
+        return Err(Box::new(invalid(
+            None,
+            Answer::InvalidRequest,
+            "empty batch",
+        )));
     }
     if members > MAX_BATCH {
         return Err(Box::new(invalid(
             None,
-            "invalid_request",
+            Answer::InvalidRequest,
             format!("a batch may hold at most {MAX_BATCH} messages"),
         )));
     }
@@ -265,14 +265,14 @@ pub async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<LegacyBody>) -> 
         if batch {
             return invalid(
                 None,
-                "invalid_request",
+                Answer::InvalidRequest,
                 "initialize must not be part of a batch",
             );
         }
         if has_session {
             return invalid(
                 msgs[0].peek.id.as_deref(),
-                "already_initialized",
+                Answer::AlreadyInitialized,
                 "initialize opens a new session and must not carry Mcp-Session-Id",
             );
         }
@@ -286,7 +286,7 @@ pub async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<LegacyBody>) -> 
     if batch && !at_least(LAST_BATCH_VERSION, &version) {
         return invalid(
             None,
-            "batch_not_supported",
+            Answer::BatchNotSupported,
             format!("JSON-RPC batches are not part of protocol version {version}"),
         );
     }
@@ -299,7 +299,7 @@ pub async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<LegacyBody>) -> 
                 return error_response(&e, m.peek.id.as_deref());
             }
         }
-        return plain(202, "text/plain", Bytes::new());
+        return plain(StatusCode::ACCEPTED, "text/plain", Bytes::new());
     }
     answer(ctx, &session, msgs, &version, false).await
 }
@@ -333,7 +333,7 @@ async fn initialize(
     let Some(requested) = requested else {
         return error_response(
             &Error::InvalidParams {
-                reason: "invalid_params",
+                answer: Answer::InvalidParams,
                 message: "initialize without params.protocolVersion".into(),
             },
             msg.peek.id.as_deref(),
@@ -403,11 +403,12 @@ async fn answer(
             // The upstream refused this batch member: answer it on the stream, so the batch's
             // stream still carries one response per request.
             let status = e.status();
+            let a = Answer::UpstreamError;
             let body = jsonrpc::error_response(
                 id,
-                crate::jsonrpc::INTERNAL_ERROR,
+                a.code(),
                 &format!("forwarding to the upstream failed: {e}"),
-                json!({"reason": "upstream_error", "status": status}),
+                json!({"reason": a.reason(), "status": status}),
             );
             let mut ev = NewEvent::new(tag, Kind::Final, Bytes::from(body));
             ev.completes = Some(id.to_string());
@@ -658,7 +659,7 @@ pub async fn delete(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
     };
     tracing::info!(session = %session.log.tag, "streamable session deleted by its client");
     ctx.reg.end(&session, EndReason::ClientDelete).await;
-    plain(200, "text/plain", Bytes::new())
+    plain(StatusCode::OK, "text/plain", Bytes::new())
 }
 
 #[cfg(test)]

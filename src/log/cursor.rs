@@ -190,15 +190,6 @@ impl Refusal {
             Refusal::UnknownEpoch => "unknown_epoch",
         }
     }
-
-    /// The HTTP status of the refusal.
-    pub fn status(self) -> u16 {
-        match self {
-            Refusal::MalformedCursor => 400,
-            Refusal::UnknownSession => 404,
-            _ => 409,
-        }
-    }
 }
 
 /// The ranges of one session's log that the contiguity check needs.
@@ -442,19 +433,5 @@ mod tests {
         assert_eq!(log.epoch_of(100), 1);
         assert_eq!(log.epoch_of(101), 2);
         assert_eq!(log.current_epoch(), 2);
-    }
-
-    #[test]
-    fn refusal_statuses() {
-        assert_eq!(Refusal::MalformedCursor.status(), 400);
-        assert_eq!(Refusal::UnknownSession.status(), 404);
-        for r in [
-            Refusal::ForeignSession,
-            Refusal::CursorTrimmed,
-            Refusal::CursorAhead,
-            Refusal::UnknownEpoch,
-        ] {
-            assert_eq!(r.status(), 409);
-        }
     }
 }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
@@ -43,6 +43,7 @@ use crate::config::TasksConfig;
 pub use crate::config::{Discover, ModernConfig};
 use crate::domain::Facade;
 use crate::facade::http::{plain, sse_response, Caller, Resp};
+use crate::jsonrpc::Answer;
 use crate::metrics::Metrics;
 use crate::queue;
 use crate::stream::{SseBody, StreamEnv};
@@ -230,13 +231,16 @@ async fn release_parked(p: mrtr::Parked) {
 // ---------------------------------------------------------------------------------------------
 // Responses
 
-fn json_resp(status: u16, body: &Value) -> Resp {
+fn json_resp(status: StatusCode, body: &Value) -> Resp {
     plain(status, "application/json", body.to_string())
 }
 
-/// A JSON-RPC error answer.
-fn rpc_error(status: u16, id: &Value, code: i64, message: &str, data: Option<Value>) -> Resp {
-    json_resp(status, &error_msg(id, code, message, data))
+/// A JSON-RPC error answer, with the HTTP status and code of its row of the answer table.
+fn rpc_error(answer: Answer, id: &Value, message: &str, data: Option<Value>) -> Resp {
+    json_resp(
+        answer.status(),
+        &error_msg(id, answer.code(), message, data),
+    )
 }
 
 fn error_msg(id: &Value, code: i64, message: &str, data: Option<Value>) -> Value {
@@ -252,7 +256,7 @@ fn result_msg(id: &Value, result: Value) -> Value {
 }
 
 pub(crate) fn refusal_resp(id: &Value, r: Refusal) -> Resp {
-    rpc_error(r.status, id, r.code, &r.message, r.data)
+    rpc_error(r.answer, id, &r.message, r.data)
 }
 
 /// An SSE response whose events come from `rx` (no event ids, no retry).
@@ -329,27 +333,27 @@ fn map_response(msg: &Value, inb: &Inbound, server_info: Option<&Value>, ttl_ms:
 }
 
 fn lost(id: &Value) -> Value {
+    let a = Answer::CallLost;
     error_msg(
         id,
-        crate::jsonrpc::INFLIGHT_ABORTED,
+        a.code(),
         "request aborted: upstream session lost",
-        Some(json!({"reason": "upstream_lost"})),
+        Some(json!({"reason": a.reason()})),
     )
 }
 
 fn upstream_unavailable(id: &Value, e: &crate::error::Error) -> Resp {
     tracing::warn!(error = %crate::error::chain(e), "no upstream session for a 2026-07-28 request");
     // A full pool (or the caller's full share of it) is not the upstream's fault: say which.
-    let reason = match e {
-        crate::error::Error::Capacity(_) => "capacity",
-        _ => "upstream_unavailable",
+    let a = match e {
+        crate::error::Error::Capacity(_) => Answer::CallerCapacity,
+        _ => Answer::UpstreamUnavailable,
     };
     rpc_error(
-        200,
+        a,
         id,
-        crate::jsonrpc::INTERNAL_ERROR,
         &format!("upstream unavailable: {e}"),
-        Some(json!({"reason": reason})),
+        Some(json!({"reason": a.reason()})),
     )
 }
 
@@ -418,7 +422,7 @@ impl Modern {
                         self.hub.close(&who, &rid);
                     }
                 }
-                return plain(202, "text/plain", Bytes::new());
+                return plain(StatusCode::ACCEPTED, "text/plain", Bytes::new());
             }
             Err((id, r)) => return refusal_resp(&id, r),
         };
@@ -469,7 +473,7 @@ impl Modern {
         if let Some(si) = init.get("serverInfo") {
             r["_meta"] = json!({SERVER_INFO: si});
         }
-        json_resp(200, &result_msg(&inb.id, r))
+        json_resp(StatusCode::OK, &result_msg(&inb.id, r))
     }
 
     async fn task_method(self: &Arc<Self>, inb: &Inbound) -> Resp {
@@ -479,19 +483,23 @@ impl Modern {
         let who = principal.as_ref();
         let not_found = || {
             rpc_error(
-                200,
+                Answer::TaskNotFound,
                 &inb.id,
-                crate::jsonrpc::INVALID_PARAMS,
                 "Failed to retrieve task: Task not found",
                 None,
             )
         };
-        let ack = || json_resp(200, &result_msg(&inb.id, json!({"resultType": "complete"})));
+        let ack = || {
+            json_resp(
+                StatusCode::OK,
+                &result_msg(&inb.id, json!({"resultType": "complete"})),
+            )
+        };
         match inb.method.as_str() {
             "tasks/get" => match self.tasks.get(who, id) {
                 Some(mut t) => {
                     t["resultType"] = json!("complete");
-                    json_resp(200, &result_msg(&inb.id, t))
+                    json_resp(StatusCode::OK, &result_msg(&inb.id, t))
                 }
                 None => not_found(),
             },
@@ -525,9 +533,8 @@ impl Modern {
             Some(state) => {
                 let Some(state) = state.filter(|_| mrtr_ok) else {
                     return rpc_error(
-                        200,
+                        Answer::InBandInvalidParams,
                         &inb.id,
-                        crate::jsonrpc::INVALID_PARAMS,
                         "Invalid params: requestState",
                         None,
                     );
@@ -538,9 +545,8 @@ impl Modern {
                     Some(Some(r)) => r,
                     Some(None) => {
                         return rpc_error(
-                            200,
+                            Answer::InBandInvalidParams,
                             &inb.id,
-                            crate::jsonrpc::INVALID_PARAMS,
                             "Invalid params: inputResponses must be an object",
                             None,
                         )
@@ -550,13 +556,7 @@ impl Modern {
                 let parked = match self.mrtr.take(state, principal.as_ref(), &binding) {
                     Ok(p) => p,
                     Err(e) => {
-                        return rpc_error(
-                            200,
-                            &inb.id,
-                            crate::jsonrpc::INVALID_PARAMS,
-                            e.message(),
-                            None,
-                        )
+                        return rpc_error(Answer::InBandInvalidParams, &inb.id, e.message(), None)
                     }
                 };
                 let mut waiting = Vec::new();
@@ -571,7 +571,7 @@ impl Modern {
                 }
                 if !waiting.is_empty() {
                     let answer = self.input_required(&inb, parked.call, waiting, &binding);
-                    return json_resp(200, &answer);
+                    return json_resp(StatusCode::OK, &answer);
                 }
                 parked.call
             }
@@ -596,9 +596,9 @@ impl Modern {
         let streaming = inb.progress.is_some() || inb.log_level.is_some();
         if !streaming {
             return match self.drive(call, &inb, None, &binding, task_after).await {
-                Ended::Answer(v) => json_resp(200, &v),
+                Ended::Answer(v) => json_resp(StatusCode::OK, &v),
                 Ended::Refused(r) => refusal_resp(&inb.id, r),
-                Ended::Gone => plain(499, "text/plain", Bytes::new()),
+                Ended::Gone => plain(crate::jsonrpc::CLIENT_GONE, "text/plain", Bytes::new()),
             };
         }
         let (tx, rx) = queue::bounded(STREAM_FRAMES, STREAM_BYTES);
@@ -607,7 +607,7 @@ impl Modern {
             let sink = Some(tx.clone());
             let last = match me.drive(call, &inb, sink, &binding, task_after).await {
                 Ended::Answer(v) => v,
-                Ended::Refused(r) => error_msg(&inb.id, r.code, &r.message, r.data),
+                Ended::Refused(r) => error_msg(&inb.id, r.code(), &r.message, r.data),
                 Ended::Gone => return,
             };
             let _ = tokio::time::timeout(
@@ -788,8 +788,9 @@ impl Modern {
                     }
                     Some(UpMsg::Cancelled) => {
                         call.finish();
-                        return Ended::Answer(error_msg(&inb.id, crate::jsonrpc::INTERNAL_ERROR, "the upstream cancelled the request",
-                            Some(json!({"reason": "upstream_cancelled"}))));
+                        let a = Answer::UpstreamCancelled;
+                        return Ended::Answer(error_msg(&inb.id, a.code(), "the upstream cancelled the request",
+                            Some(json!({"reason": a.reason()}))));
                     }
                     Some(UpMsg::Lost) | None => {
                         call.finish();
@@ -834,20 +835,21 @@ impl Modern {
             Stop::Gone => Ended::Gone,
             Stop::TimedOut => {
                 let secs = self.request_timeout.map_or(0, |d| d.as_secs());
+                let a = Answer::RequestTimeout;
                 Ended::Answer(error_msg(
                     &inb.id,
-                    crate::jsonrpc::REQUEST_TIMEOUT,
+                    a.code(),
                     &format!(
                         "upstream did not answer within {secs} s (upstream.request_timeout_secs)"
                     ),
-                    Some(json!({"reason": "request_timeout", "timeout_secs": secs})),
+                    Some(json!({"reason": a.reason(), "timeout_secs": secs})),
                 ))
             }
             Stop::Drained => Ended::Answer(error_msg(
                 &inb.id,
-                crate::jsonrpc::INFLIGHT_ABORTED,
+                Answer::ShuttingDown.code(),
                 "request aborted: the proxy is shutting down",
-                Some(json!({"reason": "shutdown"})),
+                Some(json!({"reason": Answer::ShuttingDown.reason()})),
             )),
         }
     }
@@ -879,12 +881,12 @@ impl Modern {
 
     fn too_many_listens(&self, id: &Value) -> Resp {
         let max = self.cfg.max_per_identity;
+        let a = Answer::CallerCapacity;
         rpc_error(
-            200,
+            a,
             id,
-            crate::jsonrpc::INTERNAL_ERROR,
             &format!("this caller has {max} live listens (modern.max_per_identity)"),
-            Some(json!({"reason": "capacity"})),
+            Some(json!({"reason": a.reason()})),
         )
     }
 
@@ -1010,9 +1012,9 @@ impl Modern {
                 }
                 Some(subscriptions::Closed::FellBehind) => Some(subscriptions::frame(&error_msg(
                     &sub_id,
-                    crate::jsonrpc::INTERNAL_ERROR,
+                    Answer::SlowReader.code(),
                     "listen ended: its reader fell behind the notifications queued for it",
-                    Some(json!({"reason": "slow_reader"})),
+                    Some(json!({"reason": Answer::SlowReader.reason()})),
                 ))),
                 None => None,
             };

@@ -254,7 +254,11 @@ mod tests {
         )
         .is_ok());
         let e = check(&p, ok, &[("mcp-param-priority", "3")]).unwrap_err();
-        assert_eq!((e.status, e.code), (400, -32020), "missing header");
+        assert_eq!(
+            (e.status().as_u16(), e.code()),
+            (400, -32020),
+            "missing header"
+        );
         for bad in ["=?base64?SGVsbG8?=", "=?base64?SGVs!!!bG8=?=", "Bye"] {
             let e = check(
                 &p,

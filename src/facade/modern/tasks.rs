@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use prometheus::IntCounterVec;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc;
 
@@ -40,6 +41,7 @@ pub use crate::config::{TaskMode, TasksConfig};
 use crate::domain::{EndReason, Facade};
 use crate::error::{Error, Result, StoreError};
 use crate::identity::Identity;
+use crate::jsonrpc::Answer;
 use crate::log::cursor::SessionId;
 use crate::log::{Health, Kind, Log, NewEvent, SessionLog, StreamTag};
 use crate::session::Owner;
@@ -48,8 +50,9 @@ use crate::session::Owner;
 const TASK_REQUEST: &str = "0";
 /// The stream of a task's events.
 const TASK_STREAM: StreamTag = StreamTag(2);
-/// A task's status (`tasks/get`'s `status`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A task's status (`tasks/get`'s `status`); its serde name is its wire name ([`TaskStatus::as_str`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum TaskStatus {
     /// Running upstream.
     Working,
@@ -64,6 +67,15 @@ pub enum TaskStatus {
 }
 
 impl TaskStatus {
+    /// Every status.
+    pub const ALL: [TaskStatus; 5] = [
+        TaskStatus::Working,
+        TaskStatus::InputRequired,
+        TaskStatus::Completed,
+        TaskStatus::Failed,
+        TaskStatus::Cancelled,
+    ];
+
     /// Its wire name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -74,6 +86,12 @@ impl TaskStatus {
             TaskStatus::Cancelled => "cancelled",
         }
     }
+}
+
+/// A task's outcome when it ends without the upstream's answer: an error of its row of the answer
+/// table (code and reason).
+fn outcome_error(a: Answer, message: &str) -> Value {
+    json!({"error": {"code": a.code(), "message": message, "data": {"reason": a.reason()}}})
 }
 
 /// Milliseconds since the Unix epoch.
@@ -356,7 +374,7 @@ impl Tasks {
         let v = live.view.lock().unwrap_or_else(|e| e.into_inner());
         let mut t = json!({
             "taskId": id.to_string(),
-            "status": v.status.as_str(),
+            "status": v.status,
             "createdAt": iso(live.created_ms),
             "lastUpdatedAt": iso(v.updated_ms),
             "ttlMs": live.ttl_ms,
@@ -422,14 +440,11 @@ impl Tasks {
                     }
                     Some(UpMsg::Cancelled) => {
                         call.finish();
-                        break json!({"error": {"code": crate::jsonrpc::INTERNAL_ERROR, "message": "the upstream cancelled the request",
-                            "data": {"reason": "upstream_cancelled"}}});
+                        break outcome_error(Answer::UpstreamCancelled, "the upstream cancelled the request");
                     }
                     Some(UpMsg::Lost) | None => {
                         call.finish();
-                        break json!({"error": {"code": crate::jsonrpc::INFLIGHT_ABORTED,
-                            "message": "request aborted: upstream session lost",
-                            "data": {"reason": "upstream_lost"}}});
+                        break outcome_error(Answer::CallLost, "request aborted: upstream session lost");
                     }
                 },
                 c = ctl.recv() => match c {
@@ -470,8 +485,7 @@ impl Tasks {
                         }
                         // Dropped unfinished: `notifications/cancelled` goes upstream.
                         drop(call);
-                        break json!({"error": {"code": crate::jsonrpc::INTERNAL_ERROR, "message": "task cancelled",
-                            "data": {"reason": "task_cancelled"}}});
+                        break outcome_error(Answer::TaskCancelled, "task cancelled");
                     }
                 },
             }
@@ -502,8 +516,9 @@ impl Tasks {
         let task = self.read(&sl);
         let status = task
             .as_ref()
-            .and_then(|t| t["status"].as_str())
-            .unwrap_or("failed");
+            .and_then(|t| TaskStatus::deserialize(&t["status"]).ok())
+            .unwrap_or(TaskStatus::Failed)
+            .as_str();
         if let Some(l) = crate::metrics::TASK_STATUSES.iter().find(|s| **s == status) {
             self.counter.with_label_values(&[l]).inc();
         }
@@ -557,19 +572,19 @@ impl Tasks {
                     o.insert("resultType".into(), json!("complete"));
                     strip_related_task(o);
                 }
-                t["status"] = json!(TaskStatus::Completed.as_str());
+                t["status"] = json!(TaskStatus::Completed);
                 t["result"] = r;
             }
             Some(f)
                 if f.pointer("/error/data/reason").and_then(Value::as_str)
-                    == Some("task_cancelled") =>
+                    == Some(Answer::TaskCancelled.reason()) =>
             {
-                t["status"] = json!(TaskStatus::Cancelled.as_str());
+                t["status"] = json!(TaskStatus::Cancelled);
                 t["statusMessage"] = json!("cancelled by the client");
             }
             Some(f) => {
                 let e = &f["error"];
-                t["status"] = json!(TaskStatus::Failed.as_str());
+                t["status"] = json!(TaskStatus::Failed);
                 t["statusMessage"] = json!(e["message"].as_str().unwrap_or("failed"));
                 let mut err = json!({"code": e["code"].as_i64().unwrap_or(crate::jsonrpc::INTERNAL_ERROR),
                     "message": e["message"].as_str().unwrap_or("failed")});
@@ -580,9 +595,9 @@ impl Tasks {
             }
             None => {
                 // Ended (or being ended by recovery) without an outcome: the run that held it died.
-                t["status"] = json!(TaskStatus::Failed.as_str());
+                t["status"] = json!(TaskStatus::Failed);
                 t["statusMessage"] = json!("upstream session lost");
-                t["error"] = json!({"code": crate::jsonrpc::INFLIGHT_ABORTED,
+                t["error"] = json!({"code": Answer::CallLost.code(),
                     "message": "request aborted: upstream session ended (upstream_lost)"});
             }
         }
@@ -741,6 +756,25 @@ pub fn strip_related_task(o: &mut Map<String, Value>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_names() {
+        let names: Vec<&str> = TaskStatus::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "working",
+                "input_required",
+                "completed",
+                "failed",
+                "cancelled"
+            ]
+        );
+        for s in TaskStatus::ALL {
+            assert_eq!(json!(s), json!(s.as_str()));
+            assert_eq!(TaskStatus::deserialize(&json!(s.as_str())).ok(), Some(s));
+        }
+    }
 
     #[test]
     fn iso_dates() {

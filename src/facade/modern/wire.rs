@@ -21,6 +21,7 @@ use super::protocol::{level_rank, MODERN_VERSION, SERVED_VERSIONS, TASKS_EXT};
 use super::who::Who;
 use crate::facade::http::Caller;
 use crate::identity::Identity;
+use crate::jsonrpc::Answer;
 use crate::session::Owner;
 
 /// `_meta` key: the protocol version of a request.
@@ -47,13 +48,13 @@ const METHODS: [&str; 13] = [
     "tasks/cancel",
 ];
 
-/// A protocol-level refusal: HTTP status and JSON-RPC error.
+/// A protocol-level refusal: its row of the answer table (HTTP status and JSON-RPC code), its
+/// message and its `error.data` (the reference server's shapes: no `reason`, but where a row's
+/// `data` names one).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
-    /// HTTP status.
-    pub status: u16,
-    /// JSON-RPC code.
-    pub code: i64,
+    /// Its row of the answer table.
+    pub answer: Answer,
     /// Message.
     pub message: String,
     /// `error.data`.
@@ -61,18 +62,27 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    fn new(status: u16, code: i64, message: impl Into<String>) -> Self {
+    fn new(answer: Answer, message: impl Into<String>) -> Self {
         Self {
-            status,
-            code,
+            answer,
             message: message.into(),
             data: None,
         }
     }
 
+    /// Its HTTP status.
+    pub fn status(&self) -> http::StatusCode {
+        self.answer.status()
+    }
+
+    /// Its JSON-RPC code.
+    pub fn code(&self) -> i64 {
+        self.answer.code()
+    }
+
     /// 400 `-32020` HeaderMismatch.
     pub fn header(message: impl Into<String>) -> Self {
-        Self::new(400, crate::jsonrpc::HEADER_MISMATCH, message)
+        Self::new(Answer::HeaderMismatch, message)
     }
 
     /// 400 `-32021`: the request needs the tasks extension, which it did not declare.
@@ -80,8 +90,7 @@ impl Refusal {
         Self {
             data: Some(json!({"requiredCapabilities": {"extensions": {TASKS_EXT: {}}}})),
             ..Self::new(
-                400,
-                crate::jsonrpc::MISSING_CAPABILITY,
+                Answer::MissingCapability,
                 "Missing required client capability: extensions[\"io.modelcontextprotocol/tasks\"]",
             )
         }
@@ -93,8 +102,7 @@ impl Refusal {
         Self {
             data: Some(json!({"requiredCapabilities": {cap: {}}})),
             ..Self::new(
-                400,
-                crate::jsonrpc::MISSING_CAPABILITY,
+                Answer::MissingCapability,
                 format!("Missing required client capability: {cap}"),
             )
         }
@@ -105,12 +113,12 @@ impl Refusal {
     /// pinned client why.
     pub fn discover_resumable() -> Self {
         let sessionful = &SERVED_VERSIONS[1..];
+        let answer = Answer::DiscoverResumable;
         Self {
             data: Some(json!({"supported": sessionful, "requested": MODERN_VERSION,
-                "reason": "discover_resumable"})),
+                "reason": answer.reason()})),
             ..Self::new(
-                400,
-                crate::jsonrpc::UNSUPPORTED_VERSION,
+                answer,
                 "Unsupported protocol version for discovery: this proxy steers clients to \
                  2025-11-25, whose streams resume exactly after a cut (modern.discover = \
                  \"resumable\"); 2026-07-28 requests sent without discovery are still served",
@@ -387,8 +395,7 @@ pub fn media_refusal(h: &http::HeaderMap) -> Option<Refusal> {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"));
     if !json_body {
         return Some(Refusal::new(
-            415,
-            crate::jsonrpc::INVALID_REQUEST,
+            Answer::UnsupportedMediaType,
             "Unsupported Media Type: Content-Type must be application/json",
         ));
     }
@@ -414,8 +421,7 @@ pub fn media_refusal(h: &http::HeaderMap) -> Option<Refusal> {
         });
     (!ok).then(|| {
         Refusal::new(
-            406,
-            crate::jsonrpc::INVALID_REQUEST,
+            Answer::NotAcceptable,
             "Not Acceptable: Accept must list application/json and text/event-stream",
         )
     })
@@ -433,32 +439,19 @@ pub fn validate(
 ) -> Result<Checked, (Value, Refusal)> {
     let null = Value::Null;
     if crate::jsonrpc::too_deep(body, crate::jsonrpc::MAX_DEPTH) {
-        return Err((
-            null,
-            Refusal::new(
-                400,
-                crate::jsonrpc::INVALID_REQUEST,
-                format!(
-                    "Invalid Request: JSON nested deeper than {} levels",
-                    crate::jsonrpc::MAX_DEPTH
-                ),
-            ),
-        ));
+        let too_deep = crate::error::Error::TooDeep;
+        return Err((null, Refusal::new(too_deep.answer(), too_deep.to_string())));
     }
     if serde_json::from_slice::<serde::de::IgnoredAny>(body).is_err() {
         return Err((
             null,
-            Refusal::new(
-                400,
-                crate::jsonrpc::PARSE_ERROR,
-                "Parse error: body is not JSON",
-            ),
+            Refusal::new(Answer::Parse, "Parse error: body is not JSON"),
         ));
     }
     let Some(m) = object::<RawMsg<'_>>(body) else {
         return Err((
             null,
-            Refusal::new(400, crate::jsonrpc::INVALID_REQUEST, "Invalid Request: the body must be one JSON-RPC request or notification (no batches, no repeated members)"),
+            Refusal::new(Answer::InvalidRequest, "Invalid Request: the body must be one JSON-RPC request or notification (no batches, no repeated members)"),
         ));
     };
     let id =
@@ -471,8 +464,7 @@ pub fn validate(
         return Err((
             id.filter(|_| id_ok).unwrap_or(Value::Null),
             Refusal::new(
-                400,
-                crate::jsonrpc::INVALID_REQUEST,
+                Answer::InvalidRequest,
                 "Invalid Request: not a JSON-RPC request or notification",
             ),
         ));
@@ -486,8 +478,7 @@ pub fn validate(
                 return Err((
                     id.unwrap_or(Value::Null),
                     Refusal::new(
-                        400,
-                        crate::jsonrpc::INVALID_PARAMS,
+                        Answer::InvalidParams,
                         "Invalid params: params must be an object (without repeated members)",
                     ),
                 ))
@@ -518,8 +509,7 @@ pub fn validate(
         return Err((
             id,
             Refusal::new(
-                400,
-                crate::jsonrpc::INVALID_PARAMS,
+                Answer::InvalidParams,
                 format!(
                     "Invalid params: _meta clientCapabilities larger than {MAX_CAPS_BYTES} bytes"
                 ),
@@ -534,8 +524,7 @@ pub fn validate(
         .collect();
     if !missing.is_empty() {
         let mut r = Refusal::new(
-            400,
-            crate::jsonrpc::INVALID_PARAMS,
+            Answer::InvalidParams,
             format!("Invalid params: _meta is missing {}", missing.join(", ")),
         );
         r.data = Some(json!({"missing": missing}));
@@ -568,8 +557,7 @@ pub fn validate(
         return Err((
             id,
             Refusal::new(
-                404,
-                crate::jsonrpc::METHOD_NOT_FOUND,
+                Answer::MethodNotFound,
                 format!("Method not found: {}", crate::echo::clip(method)),
             ),
         ));
@@ -608,8 +596,7 @@ pub fn validate(
             return Err((
                 id,
                 Refusal::new(
-                    200,
-                    crate::jsonrpc::INVALID_PARAMS,
+                    Answer::InBandInvalidParams,
                     format!("Invalid params: params.{p} is required"),
                 ),
             ));
@@ -665,8 +652,7 @@ fn unsupported(requested: &str) -> Refusal {
     Refusal {
         data: Some(json!({"supported": SERVED_VERSIONS, "requested": requested})),
         ..Refusal::new(
-            400,
-            crate::jsonrpc::UNSUPPORTED_VERSION,
+            Answer::UnsupportedVersion,
             format!(
                 "Unsupported protocol version {:?} (supported: {})",
                 crate::echo::clip(requested),
@@ -706,7 +692,7 @@ mod tests {
 
     fn code(r: Result<Checked, (Value, Refusal)>) -> (u16, i64) {
         let (_, r) = r.expect_err("refused");
-        (r.status, r.code)
+        (r.status().as_u16(), r.code())
     }
 
     #[test]
@@ -745,7 +731,7 @@ mod tests {
         let v9 = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list",
             "params": {"_meta": {META_VERSION: "v999.0.0", META_CAPS: {}}}});
         let (_, r) = check(&[("mcp-protocol-version", "v999.0.0")], v9.clone()).unwrap_err();
-        assert_eq!((r.status, r.code), (400, -32022));
+        assert_eq!((r.status().as_u16(), r.code()), (400, -32022));
         assert_eq!(r.data.unwrap()["requested"], "v999.0.0");
         assert_eq!(code(check(&[v], v9)), (400, -32020));
         // Removed and unknown methods.
@@ -791,7 +777,7 @@ mod tests {
             "]".repeat(70)
         );
         let (_, r) = raw(&deep).unwrap_err();
-        assert_eq!((r.status, r.code), (400, -32600));
+        assert_eq!((r.status().as_u16(), r.code()), (400, -32600));
         assert!(r.message.contains("nested deeper than 64"), "{}", r.message);
         assert_eq!(code(raw("{\"jsonrpc\": ")), (400, -32700));
         // A repeated member the face reads is ambiguous: refused.
@@ -850,7 +836,7 @@ mod tests {
         let get = json!({"jsonrpc": "2.0", "id": 1, "method": "tasks/get",
             "params": {"taskId": "t", "_meta": env()}});
         let (_, r) = check(&[v, ("mcp-method", "tasks/get"), ("mcp-name", "t")], get).unwrap_err();
-        assert_eq!((r.status, r.code), (400, -32021));
+        assert_eq!((r.status().as_u16(), r.code()), (400, -32021));
         assert_eq!(
             r.data.unwrap()["requiredCapabilities"]["extensions"][TASKS_EXT],
             json!({})
