@@ -1037,8 +1037,7 @@ async fn pump(session: Arc<UpSession>, mut reader: UpstreamReader, hub: Arc<Hub>
                 break;
             }
             Err(e) => {
-                // (Diagnostic for the conformance race where a session is lost right after a
-                // task's input response: was it the stream that failed, and how?)
+                // (How the stream failed: a connection cut under it, or a malformed stream.)
                 tracing::warn!(upstream = session.n, error = %crate::error::chain(&e), "upstream stream of a pool session failed");
                 break;
             }
