@@ -1,7 +1,8 @@
 //! Faults (issue 2, point 12): the proxy SIGKILLed mid-call and restarted on the same data dir
 //! (`fsync` and `relaxed`), malformed and oversized upstream events, a client that never reads,
-//! an upstream that refuses connections, and an upstream that never answers a POST. Real loopback
-//! sockets only; resumption is always checked by comparing exact event sequences.
+//! an upstream that refuses connections, an upstream that never answers a POST, and an upstream
+//! that ends an SSE stream and then closes its connection (a relay plays that server). Real
+//! loopback sockets only; resumption is always checked by comparing exact event sequences.
 
 mod support;
 

@@ -9,6 +9,8 @@
 //!   cannot end the other's listen with `notifications/cancelled`;
 //! - a listen ends gracefully after `modern.listen_max_secs`, and its slot is free again;
 //! - a listen whose reader falls behind ends loudly (`slow_reader`), never skips silently.
+//! - a request past `upstream.request_timeout_secs` leaves nothing for the next one: its upstream
+//!   session, still busy with it, is never reused.
 //!
 //! Run: `cargo test --test modern_limits`.
 
