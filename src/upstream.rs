@@ -357,6 +357,11 @@ pub async fn connect(
             .uri(set.sse_url.to_url())
             .header(header::ACCEPT, "text/event-stream")
             .header(header::CACHE_CONTROL, "no-cache")
+            // The connection ends with the stream, never back to the pool: a server that ends
+            // a session completes the response, and may close the connection right after (the
+            // Python SDK's legacy endpoint under uvicorn does, its handler sending a second
+            // response): a request the pool sent on it in between would be cut.
+            .header(header::CONNECTION, "close")
             .body(Full::new(Bytes::new()))
             .map_err(UpstreamError::Request)?;
         let resp = client.request(req).await.map_err(UpstreamError::Connect)?;

@@ -1,7 +1,8 @@
 //! Faults (issue 2, point 12): the proxy SIGKILLed mid-call and restarted on the same data dir
 //! (`fsync` and `relaxed`), malformed and oversized upstream events, a client that never reads,
-//! an upstream that refuses connections, and an upstream that never answers a POST. Real loopback
-//! sockets only; resumption is always checked by comparing exact event sequences.
+//! an upstream that refuses connections, an upstream that never answers a POST, and an upstream
+//! that ends an SSE stream and then closes its connection (a relay plays that server). Real
+//! loopback sockets only; resumption is always checked by comparing exact event sequences.
 
 mod support;
 
@@ -666,4 +667,124 @@ async fn post_never_answered_by_upstream_is_504() {
     assert_eq!(metric(&admin, "mcp_resume_sessions_active").await, 1.0);
     p.stop().await;
     stub_task.abort();
+}
+
+/// A relay to `target` that plays the Python SDK's legacy SSE endpoint under uvicorn when an
+/// upstream session ends on the server's side: the SSE response is *completed* (its last chunk
+/// sent, the connection left open for keep-alive), and then the handler's second response makes
+/// uvicorn close that connection ("Unexpected ASGI message 'http.response.start' sent, after
+/// response already completed"). A client that put the connection back in its pool and sent its
+/// next request on it in between has that request cut. Uvicorn closes it about a millisecond
+/// later, so a real peer loses this race only now and then (it made two conformance scenarios
+/// flake); here the close comes at the first byte a client sends on such a connection, every time.
+///
+/// `end` completes the SSE responses open at that moment (at a chunk boundary: the streams are
+/// idle); `reused` counts the requests sent on an ended SSE connection.
+struct EndingRelay {
+    addr: std::net::SocketAddr,
+    end: std::sync::Arc<tokio::sync::Notify>,
+    reused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl EndingRelay {
+    async fn start(target: std::net::SocketAddr) -> EndingRelay {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let end = std::sync::Arc::new(tokio::sync::Notify::new());
+        let reused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (e, r) = (end.clone(), reused.clone());
+        tokio::spawn(async move {
+            while let Ok((c, _)) = l.accept().await {
+                tokio::spawn(Self::conn(c, target, e.clone(), r.clone()));
+            }
+        });
+        EndingRelay { addr, end, reused }
+    }
+
+    async fn conn(
+        client: TcpStream,
+        target: std::net::SocketAddr,
+        end: std::sync::Arc<tokio::sync::Notify>,
+        reused: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        let Ok(server) = TcpStream::connect(target).await else {
+            return;
+        };
+        let (mut cr, mut cw) = client.into_split();
+        let (mut sr, mut sw) = server.into_split();
+        let (mut cbuf, mut sbuf) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
+        // Whether the request last sent on this connection opened an SSE stream.
+        let mut sse = false;
+        loop {
+            tokio::select! {
+                n = cr.read(&mut cbuf) => {
+                    let n = match n { Ok(0) | Err(_) => return, Ok(n) => n };
+                    let b = &cbuf[..n];
+                    if b.starts_with(b"GET ") || b.starts_with(b"POST ") {
+                        sse = b.starts_with(b"GET /sse");
+                    }
+                    if sw.write_all(b).await.is_err() { return; }
+                }
+                n = sr.read(&mut sbuf) => {
+                    let n = match n { Ok(0) | Err(_) => return, Ok(n) => n };
+                    if cw.write_all(&sbuf[..n]).await.is_err() { return; }
+                }
+                _ = end.notified(), if sse => break,
+            }
+        }
+        // The upstream session is over (the server side of the relay closes); its response is
+        // completed with the last chunk, and the connection stays open, as uvicorn leaves it for
+        // the moment before its close.
+        drop((sr, sw));
+        if cw.write_all(b"0\r\n\r\n").await.is_err() {
+            return;
+        }
+        if let Ok(n) = cr.read(&mut cbuf).await {
+            if n > 0 {
+                reused.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }
+        // Dropped: the connection closes under whatever was sent on it.
+    }
+}
+
+/// An upstream that ends an SSE stream leaves a connection that must not be reused: the proxy's
+/// HTTP client pooled the connection of the ended stream (its response was complete), the next
+/// upstream request went out on it and was cut when the server closed it — a 2026-07-28 call on
+/// another, healthy upstream session failed `-32603` "cannot reach the upstream" (the
+/// conformance scenarios `tasks-mrtr-input` and `tasks-dispatch-and-envelope` flaked so, in front
+/// of the Python SDK's legacy server). Now the `GET` of an SSE stream says `Connection: close`:
+/// its connection ends with the stream. The relay models the server (see [`EndingRelay`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_sse_stream_the_upstream_ended_is_never_reused() {
+    use support::modern::{answer, call};
+    use support::security::Target;
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let relay = EndingRelay::start(up.addr).await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&format!("http://{}/sse", relay.addr), dir.path(), |_| {}).await;
+    let t = Target::plain(p.addr).via_peer("127.0.0.2");
+    let echo = |id: i64, text: &str| call(id, "echo", json!({"text": text}), false);
+    let v = answer(&t, &echo(1, "one"), None).await;
+    assert_eq!(v["result"]["content"][0]["text"], "one", "{v}");
+    // The upstream ends that session's stream; the proxy's pool loses the session (the gauge
+    // follows at the pool's next once-a-second sweep).
+    relay.end.notify_waiters();
+    let gone = tokio::time::Instant::now() + WAIT;
+    while metric_value(&p.metrics.render(), "mcp_resume_upstream_pool_sessions") != 0.0 {
+        assert!(
+            tokio::time::Instant::now() < gone,
+            "the ended session stayed in the pool"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The next call opens a new upstream session: every request of it gets through.
+    let v = answer(&t, &echo(2, "two"), None).await;
+    assert_eq!(v["result"]["content"][0]["text"], "two", "{v}");
+    assert_eq!(
+        relay.reused.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a request was sent on the connection of an ended SSE stream"
+    );
+    p.stop().await;
 }

@@ -336,3 +336,186 @@ async fn a_slow_reader_of_a_chatty_call_holds_the_upstream_back() {
     );
     drop(proxy);
 }
+
+/// A data dir on a slow device: an ext4 image on a loop device whose writes are throttled to
+/// `bps` bytes per second by the block layer. Unthrottled, unmounted and detached on drop.
+///
+/// The throttle is the kernel's blk-throttle, set on the loop device in the root blkio cgroup
+/// (`blkio.throttle.write_bps_device`, cgroup v1): it slows every write to that device, whoever
+/// issues it, as a slow disk would. (device-mapper's `dm-delay` would be the other way; this
+/// kernel has no device-mapper, and needs nothing installed for this one.) Needs root; fails with
+/// the reason when the file or the mount cannot be had, never skips.
+struct SlowDisk {
+    dir: std::path::PathBuf,
+    dev: String,
+    dev_num: String,
+    _tmp: tempfile::TempDir,
+}
+
+const THROTTLE: &str = "/sys/fs/cgroup/blkio/blkio.throttle.write_bps_device";
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {cmd}: {e} (this test needs root, losetup, mkfs.ext4)")
+        });
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+impl SlowDisk {
+    fn new(size: &str) -> SlowDisk {
+        assert!(
+            std::path::Path::new(THROTTLE).exists(),
+            "{THROTTLE} missing: the slow disk needs the cgroup v1 blkio controller (blk-throttle)"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let image = tmp.path().join("fs.img");
+        let dir = tmp.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        run("truncate", &["-s", size, image.to_str().unwrap()]);
+        run("mkfs.ext4", &["-q", "-F", image.to_str().unwrap()]);
+        let dev = run("losetup", &["-f", "--show", image.to_str().unwrap()]);
+        let dev_num = run("stat", &["-c", "%t:%T", &dev]);
+        let (maj, min) = dev_num.split_once(':').unwrap();
+        let dev_num = format!(
+            "{}:{}",
+            u32::from_str_radix(maj, 16).unwrap(),
+            u32::from_str_radix(min, 16).unwrap()
+        );
+        let d = SlowDisk {
+            dir,
+            dev,
+            dev_num,
+            _tmp: tmp,
+        };
+        run("mount", &[&d.dev, d.dir.to_str().unwrap()]);
+        d
+    }
+
+    /// Limits writes to the device to `bps` bytes per second (0: no limit).
+    fn throttle(&self, bps: u64) {
+        std::fs::write(THROTTLE, format!("{} {bps}", self.dev_num))
+            .unwrap_or_else(|e| panic!("cannot throttle {}: {e}", self.dev));
+    }
+}
+
+impl Drop for SlowDisk {
+    fn drop(&mut self) {
+        // Unthrottled first: the unmount writes back what is dirty.
+        let _ = std::fs::write(THROTTLE, format!("{} 0", self.dev_num));
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.dir)
+            .status();
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.dev])
+            .status();
+    }
+}
+
+/// The log writer's channel is bounded in bytes (`QUEUE_BYTES`, 64 MiB, src/log/store.rs): when
+/// the disk is slower than the upstream, the upstream session's pump waits in `Log::reserve`,
+/// and through it the upstream, instead of the proxy's memory holding the difference.
+///
+/// The data dir is on a device that takes 1 MiB/s (see [`SlowDisk`]); `durability = "fsync"`
+/// (the default), so every writer turn waits for its bytes to reach that device. The embedded
+/// demo upstream's `emit` floods one legacy session with 4 000 events of 256 KiB (1 GiB) as fast
+/// as it can; the session's client reads nothing. For 12 s the proxy binary's peak RSS
+/// (`VmHWM`) must stay within:
+///
+/// - `QUEUE_BYTES` (64 MiB): the events waiting in the writer's channel;
+/// - 2 × 8 MiB: the turn the writer holds (`turn_bytes`, at most 8 MiB; its events and their
+///   encoded records) while it waits for the device;
+/// - 512 KiB: the session's window of recent events (`WINDOW_BYTES`), 4 MiB: the events of the
+///   upstream read being queued (one pump batch, at most `upstream.max_event_bytes` per event
+///   it is being decoded), and the client's stream frames;
+/// - a constant of 48 MiB ([`SLACK`], as above: runtime, hyper buffers, allocator arenas that
+///   keep freed chunks).
+///
+/// Measured here (debug build, 2 cores): base 19 MiB; RSS 111 MiB from the first second on, 119
+/// MiB from the 9th (the writer took its next turn), so a peak of base + 100 MiB against a bound
+/// of base + 132 MiB; 33 events (8.25 MiB, one turn) reached the disk in 12 s. With `QUEUE_BYTES`
+/// raised to 2 GiB (only the writer's 4096-op channel left as a bound: 4096 × 256 KiB) the same
+/// run grew by ~95 MiB every second to 1056 MiB and this test failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rss_stays_flat_when_the_disk_is_slower_than_the_upstream() {
+    use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+    use serde_json::json;
+    const QUEUE_BYTES: u64 = 64 << 20;
+    const TURN_BYTES: u64 = 8 << 20;
+    const SIZE: u64 = 256 << 10;
+    const BPS: u64 = 1 << 20;
+    let bound = QUEUE_BYTES + 2 * TURN_BYTES + (512 << 10) + (4 << 20) + SLACK;
+    let disk = SlowDisk::new("1G");
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let data = disk.dir.join("data");
+    let mut proxy = ProxyProc::start(
+        &up.sse_url(),
+        &data,
+        &[("[log]", "max_total_bytes = 268435456")],
+    )
+    .await;
+    let pid = proxy.proc.pid();
+    // The session is opened at full speed; then the disk slows down.
+    let (sse, url, _) = legacy_session(&proxy.base()).await;
+    disk.throttle(BPS);
+    let metrics = proxy.metrics_url();
+    let logged_before = metric(&metrics, "mcp_resume_events_logged_total").await;
+    reset_peak(pid);
+    let base = status_kib(pid, "VmRSS");
+    let flood = call(
+        2,
+        "emit",
+        json!({"count": 4000, "rate_per_sec": 0, "size": SIZE}),
+        None,
+    );
+    assert_eq!(post(&url, &flood).await.0, 202);
+    let mut samples = Vec::new();
+    for s in 1..=12 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        samples.push(format!("{s}s: {} MiB", status_kib(pid, "VmRSS") >> 20));
+    }
+    let peak = status_kib(pid, "VmHWM");
+    let logged = metric(&metrics, "mcp_resume_events_logged_total").await - logged_before;
+    proxy.proc.kill();
+    drop(sse);
+    eprintln!(
+        "slow disk ({} KiB/s): base {} MiB, peak {} MiB (+{} MiB, bound +{} MiB); {logged} events \
+         of {} KiB logged in 12 s; RSS {}",
+        BPS >> 10,
+        base >> 20,
+        peak >> 20,
+        peak.saturating_sub(base) >> 20,
+        bound >> 20,
+        SIZE >> 10,
+        samples.join(", ")
+    );
+    // The disk was the bottleneck: it took a fraction of the flood (12 s at 1 MiB/s, plus what
+    // the page cache held before a sync), so the rest was held back — in the proxy or upstream.
+    assert!(
+        logged * (SIZE as f64) < (64 << 20) as f64,
+        "{logged} events logged: the disk was not slow"
+    );
+    assert!(
+        peak <= base + bound,
+        "peak RSS {} MiB over base {} MiB + {} MiB while the disk was slow",
+        peak >> 20,
+        base >> 20,
+        bound >> 20
+    );
+    // The flood reached the bound under test: the writer's channel filled.
+    assert!(
+        peak >= base + QUEUE_BYTES / 2,
+        "peak {} MiB over base {} MiB: the writer's channel never filled",
+        peak >> 20,
+        base >> 20
+    );
+}

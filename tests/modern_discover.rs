@@ -10,8 +10,10 @@
 //!   once, in order, then the result. A client pinned to 2026-07-28 without discovery (Python
 //!   `mode="2026-07-28"`) is still served; the TS client pinned to 2026-07-28 discovers first and
 //!   fails at connect, told why.
-//! - `advertise`: the dual-era clients negotiate 2026-07-28; the cut loses the call (the spec's
-//!   rule), which each client reports as an error — loudly, never a result that skipped.
+//! - `advertise`: the dual-era clients and the TS client pinned to 2026-07-28 negotiate
+//!   2026-07-28; the cut loses the call (the spec's rule), which each client reports as an error —
+//!   loudly, never a result that skipped (the TS client, auto or pinned, only at its request
+//!   timeout).
 //!
 //! Run: `cargo test --test modern_discover` (after `scripts/install-peers`).
 
@@ -210,4 +212,25 @@ async fn advertise_dual_era_clients_lose_a_cut_call_loudly() {
         lost_loudly(peer, &r);
         eprintln!("{peer:?}: lost loudly in {:?}: {r:?}", t.elapsed());
     }
+}
+
+/// The TypeScript client pinned to 2026-07-28 under `advertise`: it discovers 2026-07-28 and
+/// connects; its cut call is lost — the spec's rule for a broken response stream of a call that
+/// did not become a task (this client does not declare the tasks extension). Exactly what it
+/// sees: the two progress notifications read before the cut, then nothing until its own request
+/// timeout (`--call-timeout-ms`, 15 s here) fails the call with the SDK's `REQUEST_TIMEOUT` — the
+/// broken stream itself does not fail the pending request in this client; the next call on the
+/// same client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advertise_ts_pinned_loses_a_cut_call_at_its_request_timeout() {
+    let peer = Peer::Ts("pin");
+    let r = run(peer, Discover::Advertise).await;
+    assert!(r.connect_failed.is_none(), "{r:?}");
+    lost_loudly(peer, &r);
+    assert_eq!(r.progress, vec![1, 2], "{r:?}");
+    assert_eq!(
+        r.call.as_ref().unwrap()["error"],
+        serde_json::json!({"code": "REQUEST_TIMEOUT", "message": "Request timed out", "name": "SdkError"}),
+        "{r:?}"
+    );
 }

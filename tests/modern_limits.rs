@@ -9,6 +9,8 @@
 //!   cannot end the other's listen with `notifications/cancelled`;
 //! - a listen ends gracefully after `modern.listen_max_secs`, and its slot is free again;
 //! - a listen whose reader falls behind ends loudly (`slow_reader`), never skips silently.
+//! - a request past `upstream.request_timeout_secs` leaves nothing for the next one: its upstream
+//!   session, still busy with it, is never reused.
 //!
 //! Run: `cargo test --test modern_limits`.
 
@@ -270,6 +272,77 @@ async fn a_listen_whose_reader_falls_behind_ends_loudly() {
             "mcp_resume_dropped_total{reason=\"slow_reader\"}"
         ),
         1.0
+    );
+    p.stop().await;
+}
+
+/// A request past `upstream.request_timeout_secs` is answered `-32093`, but the upstream is
+/// still working on it: the demo upstream (like any legacy server may) ignores the
+/// `notifications/cancelled` the proxy sends and goes on logging one line per step. Its session
+/// went back to the pool, and the caller's next call ran on it: being the one request in flight,
+/// it received the abandoned call's log lines as its own (`data.request` another upstream id,
+/// steps past its own three). Now a session whose request was abandoned takes no new request
+/// and closes once the cancel is posted: the next call gets exactly its own three log lines and
+/// its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_request_leaves_nothing_for_the_next_one() {
+    let up = demo().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&up.sse_url(), dir.path(), |c| {
+        c.upstream.request_timeout_secs = 1;
+        c.modern.pool_wait_secs = 5;
+    })
+    .await;
+    let t = Target::plain(p.addr).via_peer("127.0.0.2");
+    let logged = |id: i64, n: u64, interval_ms: u64| {
+        let mut m = call(
+            id,
+            "count",
+            json!({"n": n, "interval_ms": interval_ms}),
+            false,
+        );
+        m["params"]["_meta"]["io.modelcontextprotocol/logLevel"] = json!("info");
+        m
+    };
+    // 100 steps 50 ms apart: 5 s of log lines, timed out after 1 s.
+    let mut first = post(&t, &logged(1, 100, 50), Some("alice")).await.sse();
+    let end = loop {
+        let m = next_message(&mut first, WAIT)
+            .await
+            .expect("the first call's end");
+        if m["method"] != "notifications/message" {
+            break m;
+        }
+    };
+    assert_eq!(end["id"], 1, "{end}");
+    assert_eq!(end["error"]["code"], -32093, "{end}");
+    assert_eq!(end["error"]["data"]["reason"], "request_timeout", "{end}");
+    // The same caller's next call, while the upstream still logs for the first.
+    let mut second = post(&t, &logged(2, 3, 100), Some("alice")).await.sse();
+    let mut got = Vec::new();
+    while let Some(m) = next_message(&mut second, WAIT).await {
+        got.push(m);
+    }
+    let steps: Vec<Value> = got
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .map(|m| m["params"]["data"]["i"].clone())
+        .collect();
+    let requests: Vec<&Value> = got
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .map(|m| &m["params"]["data"]["request"])
+        .collect();
+    assert_eq!(steps, vec![json!(1), json!(2), json!(3)], "{got:#?}");
+    assert!(
+        requests.iter().all(|r| *r == requests[0]),
+        "log lines of two upstream requests: {got:#?}"
+    );
+    assert_eq!(got.len(), 4, "{got:#?}");
+    assert_eq!(got[3]["id"], 2, "{got:#?}");
+    assert_eq!(
+        got[3]["result"]["content"][0]["text"], "counted 3",
+        "{got:#?}"
     );
     p.stop().await;
 }

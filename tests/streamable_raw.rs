@@ -526,6 +526,30 @@ async fn batches_2025_03_26(kind: Kind) {
 }
 both!(batches_2025_03_26);
 
+/// Why the proxy splits a 2025-03-26 batch into one upstream POST per member: neither legacy
+/// server takes a batch. Posted straight to the upstream's own message endpoint (no proxy), the
+/// batch is refused 400 — the Python SDK's `SseServerTransport` validates the body as one
+/// `JSONRPCMessage` ("Could not parse message"), the TypeScript SDK's `SSEServerTransport` parses
+/// it with `JSONRPCMessageSchema` ("Invalid message") — while one of its members alone is accepted
+/// (202). Through the proxy each member gets its own answer (`batches_2025_03_26`).
+async fn legacy_upstreams_refuse_a_batch(kind: Kind) {
+    let up = Upstream::start(kind);
+    let (mut sse, err) = Sse::get(&up.sse_url(), &[]).await;
+    assert!(err.is_none(), "GET {} failed: {err:?}", up.sse_url());
+    let ep = sse.endpoint().await;
+    let base = up.sse_url().trim_end_matches("/sse").to_string();
+    let url = format!("{base}{ep}");
+    let echo = |id: u64| {
+        json!({"jsonrpc":"2.0","id":id,"method":"tools/call",
+            "params":{"name":"echo","arguments":kind.echo_args("x")}})
+    };
+    let (status, body) = post(&url, &json!([echo(1), echo(2)])).await;
+    assert_eq!(status, 400, "{kind:?} took a batch: {body}");
+    let (status, body) = post(&url, &initialize(3)).await;
+    assert_eq!(status, 202, "{kind:?}: {body}");
+}
+both!(legacy_upstreams_refuse_a_batch);
+
 // ---------------------------------------------------------------------------------------------
 
 async fn delete_ends_the_session(kind: Kind) {

@@ -252,8 +252,9 @@ TOOLS: list[tuple[str, str, dict[str, Any]]] = [
 ]
 
 # The task support the tasks scenarios' descriptions give each tool, as the 2025-11-25 vocabulary
-# `execution.taskSupport` (a 2024-11-05 client ignores it). The proxy does not relay it (its tasks are
-# decided by its own timer), so "required" is not enforced through it: see scripts/conformance ALLOW.
+# `execution.taskSupport` (a 2024-11-05 client ignores it). The proxy does not relay it to 2026-07-28
+# clients (its tasks are decided by its own timer) but honours "required": a call from a client
+# without the tasks extension is refused -32021 (src/facade/modern/task_support.rs).
 TASK_SUPPORT = {
     "slow_compute": "optional",
     "failing_job": "required",

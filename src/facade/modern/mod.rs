@@ -25,6 +25,7 @@ pub mod params;
 pub mod pool;
 pub mod protocol;
 pub mod subscriptions;
+pub mod task_support;
 pub mod tasks;
 pub mod who;
 pub mod wire;
@@ -60,6 +61,8 @@ use wire::{Inbound, Refusal};
 const MRTR_METHODS: [&str; 3] = ["tools/call", "prompts/get", "resources/read"];
 /// How long after an upstream input request further ones are awaited for the same round.
 const INPUT_GATHER: Duration = Duration::from_millis(50);
+/// How long the proxy waits for its own `tools/list` (see [`task_support`]).
+const OWN_LIST_WAIT: Duration = Duration::from_secs(10);
 /// Frames queued for one client SSE stream of this face (each at most one upstream message,
 /// `upstream.max_event_bytes`): a slow reader holds the upstream back, never grows memory.
 const STREAM_FRAMES: usize = 32;
@@ -103,6 +106,8 @@ pub struct Modern {
     pub tasks: Arc<Tasks>,
     /// `Mcp-Param-*` annotations learnt from `tools/list`.
     params: params::HeaderParams,
+    /// The tools that require a task, learnt from `tools/list`.
+    task_support: task_support::TaskSupport,
     metrics: Metrics,
     drain: watch::Receiver<bool>,
     keepalive: Duration,
@@ -184,6 +189,7 @@ impl Modern {
             hub,
             tasks,
             params: params::HeaderParams::default(),
+            task_support: task_support::TaskSupport::default(),
             metrics,
             drain: env.drain.clone(),
             cancels: std::sync::Mutex::new(HashMap::new()),
@@ -576,10 +582,36 @@ impl Modern {
                 parked.call
             }
             None => {
+                let tool = (inb.method == "tools/call")
+                    .then(|| inb.string(|f| f.name).unwrap_or_default());
+                let needs_task = |tool: &Option<String>| {
+                    tool.as_deref()
+                        .is_some_and(|t| !inb.tasks && self.task_support.required(t))
+                };
+                if needs_task(&tool) {
+                    return refusal_resp(&inb.id, Refusal::missing_tasks());
+                }
                 let call = match self.pool.call(&inb.key, inb.owner, mrtr_ok).await {
                     Ok(c) => c,
                     Err(e) => return upstream_unavailable(&inb.id, &e),
                 };
+                if tool.is_some() && !self.task_support.listed() {
+                    // No listing relayed yet: the proxy asks for one (once), so that a tool
+                    // requiring a task is known before its first call.
+                    let listed = call
+                        .session()
+                        .request("tools/list", json!({}), OWN_LIST_WAIT)
+                        .await;
+                    if let Some(r) = listed.as_ref().ok().and_then(|m| m.get("result")) {
+                        self.params.learn(r);
+                        self.task_support.learn(r);
+                    }
+                    if needs_task(&tool) {
+                        // Never sent upstream: nothing to cancel.
+                        call.finish();
+                        return refusal_resp(&inb.id, Refusal::missing_tasks());
+                    }
+                }
                 let msg = upstream_request(&inb.method, inb.params(), call.upstream_id, mrtr_ok);
                 if let Err(e) = call.session().post_bytes(msg).await {
                     call.finish();
@@ -782,6 +814,7 @@ impl Modern {
                         if inb.method == "tools/list" {
                             if let Some(r) = msg.get("result") {
                                 self.params.learn(r);
+                                self.task_support.learn(r);
                             }
                         }
                         return Ended::Answer(map_response(&msg, inb, server_info.as_ref(), ttl));

@@ -18,6 +18,11 @@
 //! flight (dropped when there are several), server→client requests to the lease holder (answered
 //! with an error when nobody holds the session), list-changed and resource-updated notifications
 //! to the [`Hub`] of listen streams. Idle sessions close after `modern.pool_idle_secs`.
+//!
+//! A request abandoned before its answer (timed out, its client gone, cancelled) retires its
+//! session: the upstream is told (`notifications/cancelled`) but may go on, and its late messages
+//! could only be told apart from the next request's by id — log lines and server→client requests
+//! carry none — so the session takes no new request and closes once nothing uses it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -122,6 +127,25 @@ struct State {
     subs: HashMap<String, usize>,
     last_used: Instant,
     dead: bool,
+    /// A request on it was abandoned before its answer (timed out, its client gone, cancelled):
+    /// the upstream may still be working on it and sending its messages, which carry nothing
+    /// that ties them to it but a log line's or a server→client request's timing. The session
+    /// takes no new request; it closes once nothing uses it.
+    retiring: bool,
+    /// `notifications/cancelled` of abandoned requests still being posted: the session is not
+    /// closed under them (the upstream hears the cancel before the session ends).
+    cancels: usize,
+}
+
+impl State {
+    /// A retiring session nothing uses any more: to be closed.
+    fn spent(&self) -> bool {
+        self.retiring
+            && !self.leased
+            && self.routes.is_empty()
+            && self.pins == 0
+            && self.cancels == 0
+    }
 }
 
 /// One upstream legacy session opened by the pool.
@@ -179,6 +203,42 @@ impl UpSession {
             st.lease_route = None;
         }
         st.last_used = Instant::now();
+        drop(st);
+        self.close_if_spent();
+    }
+
+    /// Request `id` is abandoned before its answer: its route goes, and the session retires (see
+    /// [`State::retiring`]) with one more cancel to post.
+    fn abandon(&self, id: u64) {
+        let mut st = self.lock();
+        st.routes.remove(&id);
+        if st.lease_route == Some(id) {
+            st.lease_route = None;
+        }
+        st.last_used = Instant::now();
+        st.retiring = true;
+        st.cancels += 1;
+    }
+
+    /// The cancel of an abandoned request was posted (or could not be).
+    fn cancel_posted(&self) {
+        let mut st = self.lock();
+        st.cancels = st.cancels.saturating_sub(1);
+        drop(st);
+        self.close_if_spent();
+    }
+
+    /// Closes a retiring session once nothing uses it: the upstream session ends, and with it
+    /// whatever it was still doing for the abandoned request.
+    fn close_if_spent(&self) {
+        let spent = self.lock().spent();
+        if spent {
+            tracing::debug!(
+                upstream = self.n,
+                "upstream session closed after an abandoned request"
+            );
+            self.kill();
+        }
     }
 
     /// Posts one message upstream.
@@ -448,6 +508,7 @@ impl Drop for Lease {
             }
             st.last_used = Instant::now();
         }
+        self.session.close_if_spent();
         self.pool.freed.notify_waiters();
     }
 }
@@ -460,6 +521,8 @@ impl Drop for Pinned {
         let mut st = self.0.session.lock();
         st.pins = st.pins.saturating_sub(1);
         st.last_used = Instant::now();
+        drop(st);
+        self.0.session.close_if_spent();
     }
 }
 
@@ -513,23 +576,33 @@ impl UpCall {
 impl Drop for UpCall {
     fn drop(&mut self) {
         let session = self.lease.session.clone();
-        session.unroute(self.upstream_id);
+        let id = self.upstream_id;
         if self.done || session.is_dead() {
+            session.unroute(id);
             return;
         }
-        // The client went away (or the task was cancelled) before the answer: tell the upstream.
-        let id = self.upstream_id;
+        // The client went away, the request timed out or was cancelled before its answer: tell
+        // the upstream. It may go on regardless (a legacy server need not honour a cancel, and
+        // the demo upstream does not) and its messages for this request would reach the next
+        // request on the session — a log line goes to the one request in flight, a server→client
+        // request to the lease holder — so the session is never used again: it closes once the
+        // cancel is posted and nothing else uses it.
+        session.abandon(id);
         tracing::debug!(
             upstream = session.n,
             request = id,
-            "request abandoned: cancelling it upstream"
+            "request abandoned: cancelling it upstream, retiring its session"
         );
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move {
-                let msg = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
-                    "params": {"requestId": id, "reason": "client closed the request stream"}});
-                let _ = session.post(&msg).await;
-            });
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let msg = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": id, "reason": "client closed the request stream"}});
+                    let _ = session.post(&msg).await;
+                    session.cancel_posted();
+                });
+            }
+            Err(_) => session.cancel_posted(),
         }
     }
 }
@@ -713,7 +786,8 @@ impl Pool {
         let mut all = self.sessions();
         all.retain(|s| !s.is_dead());
         self.gauge.set(all.len() as i64);
-        let mine = || all.iter().filter(|s| &s.key == key);
+        // A retiring session takes no new request (see `State::retiring`).
+        let mine = || all.iter().filter(|s| &s.key == key && !s.lock().retiring);
         if exclusive {
             for s in mine() {
                 let mut st = s.lock();
@@ -809,6 +883,8 @@ impl Pool {
                 subs: HashMap::new(),
                 last_used: Instant::now(),
                 dead: false,
+                retiring: false,
+                cancels: 0,
             }),
             pump: Mutex::new(None),
         });
@@ -873,6 +949,7 @@ impl Pool {
         all.retain(|s| {
             let st = s.lock();
             let keep = !st.dead
+                && !st.spent()
                 && (st.leased
                     || !st.routes.is_empty()
                     || st.pins > 0
@@ -960,8 +1037,7 @@ async fn pump(session: Arc<UpSession>, mut reader: UpstreamReader, hub: Arc<Hub>
                 break;
             }
             Err(e) => {
-                // (Diagnostic for the conformance race where a session is lost right after a
-                // task's input response: was it the stream that failed, and how?)
+                // (How the stream failed: a connection cut under it, or a malformed stream.)
                 tracing::warn!(upstream = session.n, error = %crate::error::chain(&e), "upstream stream of a pool session failed");
                 break;
             }
