@@ -272,7 +272,6 @@ async fn task_get(t: &support::security::Target, task: &str) -> Value {
 /// holds it, the proxy answers that it does not exist). Upstream: the embedded demo server
 /// (a real MCP server in-process; any upstream returning a large result does the same).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "adversary17: a task whose result exceeds the window is 'not found' on the Redis backend"]
 async fn a_task_with_a_large_result_is_lost_on_the_redis_backend() {
     use support::modern::{call, demo, post, req};
     use support::security::Target;
@@ -575,7 +574,6 @@ async fn stopping_with_redis_gone_never_returns() {
 /// reads it back completed (tests/modern_tasks.rs `tasks_survive_a_sigkill_of_the_proxy`).
 /// §12 (a task's outcome is durable and readable until its TTL, across restarts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "adversary17: a completed task is 'not found' after its replica restarts on the Redis backend"]
 async fn a_finished_task_is_lost_when_its_replica_restarts() {
     use support::modern::{call, demo, post};
     use support::security::Target;

@@ -502,7 +502,7 @@ impl Modern {
             )
         };
         match inb.method.as_str() {
-            "tasks/get" => match self.tasks.get(who, id) {
+            "tasks/get" => match self.tasks.get(who, id).await {
                 Some(mut t) => {
                     t["resultType"] = json!("complete");
                     json_resp(StatusCode::OK, &result_msg(&inb.id, t))
@@ -941,25 +941,27 @@ impl Modern {
         // List changes are honoured whenever asked for: the proxy relays whatever the upstream
         // sends, and some upstreams send them without declaring `listChanged` (FastMCP 1.x).
         let on = |k: Option<&RawValue>| k.is_some_and(|v| v.get() == "true");
-        let filter = Filter {
+        let mut filter = Filter {
             tools: on(want.tools),
             prompts: on(want.prompts),
             resources: on(want.resources),
             resource_uris: Vec::new(),
-            task_ids: task_ids.map(|ids| {
-                let principal = self.tasks.principal(inb.identity.as_ref(), inb.owner);
-                let mut known = std::collections::HashSet::new();
-                let _ = crate::jsonrpc::for_each_item(ids, |id| {
-                    if let Some(id) = crate::jsonrpc::string(id) {
-                        if self.tasks.exists(principal.as_ref(), &id) {
-                            known.insert(id);
-                        }
-                    }
-                });
-                known
-            }),
+            task_ids: None,
         };
-        let mut filter = filter;
+        if let Some(ids) = task_ids {
+            let principal = self.tasks.principal(inb.identity.as_ref(), inb.owner);
+            let mut named = Vec::new();
+            let _ = crate::jsonrpc::for_each_item(ids, |id| {
+                named.extend(crate::jsonrpc::string(id));
+            });
+            let mut known = std::collections::HashSet::new();
+            for id in named {
+                if self.tasks.exists(principal.as_ref(), &id).await {
+                    known.insert(id);
+                }
+            }
+            filter.task_ids = Some(known);
+        }
         // Resource subscriptions: honoured when the upstream supports them, subscribed on the
         // upstream session this listen pins (and unsubscribed when it ends).
         if init.pointer("/capabilities/resources/subscribe") == Some(&json!(true)) {

@@ -513,7 +513,7 @@ impl Tasks {
             tracing::error!(task = %sl.tag, error = %e, "a task's outcome is not logged yet (the log retries it)");
         }
         self.unlist(&id);
-        let task = self.read(&sl);
+        let task = self.read(&sl).await;
         let status = task
             .as_ref()
             .and_then(|t| TaskStatus::deserialize(&t["status"]).ok())
@@ -530,8 +530,8 @@ impl Tasks {
     }
 
     /// The task's creation event.
-    fn creation(&self, sl: &SessionLog) -> Option<(u64, u64, u64)> {
-        let evs = self.log.read_held(sl, 0, 1).ok()?;
+    async fn creation(&self, sl: &SessionLog) -> Option<(u64, u64, u64)> {
+        let evs = self.log.read_after(sl, 0, 1).await.ok()?;
         let c = evs.first().filter(|e| e.seq == 1)?;
         let v: Value = serde_json::from_slice(&c.payload).ok()?;
         let t = v.get("task")?;
@@ -546,9 +546,9 @@ impl Tasks {
 
     /// A task's state as `tasks/get` shows it, read from the log (finished, or left unfinished
     /// by an earlier run).
-    fn read(&self, sl: &SessionLog) -> Option<Value> {
-        let (created, ttl, poll) = self.creation(sl)?;
-        let evs = self.log.read_held(sl, 0, 16).ok()?;
+    async fn read(&self, sl: &SessionLog) -> Option<Value> {
+        let (created, ttl, poll) = self.creation(sl).await?;
+        let evs = self.log.read_after(sl, 0, 16).await.ok()?;
         let fin = evs
             .iter()
             .find(|e| e.kind == Kind::Final)
@@ -605,34 +605,36 @@ impl Tasks {
     }
 
     /// The log of task `id` if `caller` may see it and it has not expired.
-    fn find(&self, caller: Option<&Identity>, id: &str) -> Option<Arc<SessionLog>> {
+    async fn find(&self, caller: Option<&Identity>, id: &str) -> Option<Arc<SessionLog>> {
         let sid = SessionId::parse(id)?;
-        let sl = self.log.get(&sid)?;
+        // Held here, or (shared log) read from Redis: a task finished before this replica's
+        // restart, or run by another replica.
+        let sl = self.log.lookup(&sid).await?;
         if sl.facade != Facade::Task || sl.removed() || !same(sl.identity.as_ref(), caller) {
             return None;
         }
-        let (created, ttl, _) = self.creation(&sl)?;
+        let (created, ttl, _) = self.creation(&sl).await?;
         (created.saturating_add(ttl) > now_ms()).then_some(sl)
     }
 
     /// `tasks/get`: the task, or `None` (unknown, expired, or another identity's).
-    pub fn get(&self, caller: Option<&Identity>, id: &str) -> Option<Value> {
-        let sl = self.find(caller, id)?;
+    pub async fn get(&self, caller: Option<&Identity>, id: &str) -> Option<Value> {
+        let sl = self.find(caller, id).await?;
         let live = self.lock().get(&sl.id).cloned();
         match live {
             Some(l) => Some(self.live_json(&sl.id, &l)),
-            None => self.read(&sl),
+            None => self.read(&sl).await,
         }
     }
 
     /// Is `id` a task `caller` may see?
-    pub fn exists(&self, caller: Option<&Identity>, id: &str) -> bool {
-        self.find(caller, id).is_some()
+    pub async fn exists(&self, caller: Option<&Identity>, id: &str) -> bool {
+        self.find(caller, id).await.is_some()
     }
 
     /// `tasks/update`: forwards the responses to outstanding input requests. `false`: no such task.
     pub async fn update(&self, caller: Option<&Identity>, id: &str, responses: Responses) -> bool {
-        let Some(sl) = self.find(caller, id) else {
+        let Some(sl) = self.find(caller, id).await else {
             return false;
         };
         let ctl = self.lock().get(&sl.id).map(|l| l.ctl.clone());
@@ -648,7 +650,7 @@ impl Tasks {
 
     /// `tasks/cancel`: cancels a live task (a finished one stays as it is). `false`: no such task.
     pub async fn cancel(&self, caller: Option<&Identity>, id: &str) -> bool {
-        let Some(sl) = self.find(caller, id) else {
+        let Some(sl) = self.find(caller, id).await else {
             return false;
         };
         let ctl = self.lock().get(&sl.id).map(|l| l.ctl.clone());
@@ -678,7 +680,7 @@ impl Tasks {
                 if sl.facade != Facade::Task || sl.removed() {
                     continue;
                 }
-                let due = match self.creation(&sl) {
+                let due = match self.creation(&sl).await {
                     Some((created, ttl, _)) => created.saturating_add(ttl),
                     // Unreadable creation (trimmed, or a crash between create and the event):
                     // kept no longer than the configured TTL from its meta time.
