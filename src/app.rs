@@ -106,6 +106,7 @@ pub struct Running {
     drain: Drain,
     client: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
     admin: JoinHandle<hyper_util::server::graceful::GracefulShutdown>,
+    internal: Option<JoinHandle<hyper_util::server::graceful::GracefulShutdown>>,
     janitor: JoinHandle<()>,
     modern_janitor: JoinHandle<()>,
     log: Arc<Log>,
@@ -164,6 +165,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
                 // A task's log outlives the session retention when its TTL is longer.
                 retain_secs: cfg.sessions.retain_ended_secs.max(cfg.tasks.ttl_secs),
                 lease_ms: cfg.cluster.lease_ms,
+                advertise: cfg.cluster.advertised(),
                 keys,
             };
             Log::open_shared(&cfg.log, &settings, metrics.clone()).await
@@ -211,7 +213,42 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         streamable: cfg.streamable.clone(),
         auth: cfg.auth.clone(),
     };
-    let ctx = Arc::new(Ctx::new(faces, registry.clone(), env, modern));
+    let mut ctx = Ctx::new(faces, registry.clone(), env, modern);
+    // `cluster.listen`: requests for sessions live on another replica are forwarded there, and
+    // this replica's own sessions are served to the others' forwards.
+    let mut internal = None;
+    if !cfg.cluster.listen.is_empty() {
+        let secret = cfg
+            .cluster
+            .secret_file
+            .as_deref()
+            .map(crate::keyfile::read)
+            .transpose()
+            .map_err(|r| StartError::Log {
+                dir: cfg.log.dir.display().to_string(),
+                source: crate::error::StoreError::Corrupt(format!("cluster.secret_file: {r}"))
+                    .into(),
+            })?
+            .unwrap_or_default();
+        let timeout = Duration::from_millis(cfg.cluster.forward_timeout_ms);
+        ctx = ctx.with_forwarder(Arc::new(crate::facade::forward::Forwarder::new(
+            &secret,
+            timeout,
+            metrics.clone(),
+        )));
+        internal = Some(bind("internal listener", &cfg.cluster.listen).await?);
+    }
+    let ctx = Arc::new(ctx);
+    let internal = internal.map(|l| {
+        let ctx = ctx.clone();
+        tokio::spawn(listener::serve(
+            l,
+            cfg.listen.max_connections,
+            None,
+            move |req| crate::facade::mcp::internal(ctx.clone(), req),
+            stop_rx.clone(),
+        ))
+    });
     // Checked by the config's validation; a file that broke since is an error to start with.
     let tls = crate::tls::ServerTls::load(&cfg.tls).map_err(StartError::Tls)?;
     if let Some(t) = &tls {
@@ -241,6 +278,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         drain,
         client,
         admin,
+        internal,
         janitor,
         modern_janitor,
         log,
@@ -286,7 +324,10 @@ impl Running {
             tracing::warn!("grace period over while ending sessions");
         }
         self.drain.start();
-        for task in [self.client, self.admin] {
+        for task in [Some(self.client), Some(self.admin), self.internal]
+            .into_iter()
+            .flatten()
+        {
             if let Ok(graceful) = task.await {
                 if tokio::time::timeout_at(deadline, graceful.shutdown())
                     .await

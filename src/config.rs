@@ -231,6 +231,18 @@ pub struct ClusterConfig {
     /// third of it; once it lapsed (the pod died, or paused), another replica takes the
     /// sessions it owned over (their requests in flight answered -32091, their ends written).
     pub lease_ms: u64,
+    /// Address of the internal listener other replicas forward writes to (POST and DELETE of a
+    /// session this replica owns). Empty (the default): no forwarding; such requests get 404 on
+    /// the replicas that do not own the session.
+    pub listen: String,
+    /// `host:port` other replicas reach the internal listener at (the pod's IP and port).
+    /// Default: `cluster.listen` when it names a host, else the host name and its port.
+    pub advertise_addr: String,
+    /// The secret forwards are signed with (HMAC-SHA-256), shared by every replica: 64 hex
+    /// characters, mode 0600. Required with `cluster.listen`.
+    pub secret_file: Option<std::path::PathBuf>,
+    /// Milliseconds a forward waits for the owner's answer (never retried: a timeout is 504).
+    pub forward_timeout_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -238,6 +250,27 @@ impl Default for ClusterConfig {
         Self {
             replica_id: host_name(),
             lease_ms: 10_000,
+            listen: String::new(),
+            advertise_addr: String::new(),
+            secret_file: None,
+            forward_timeout_ms: 5_000,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Where other replicas reach this one (`cluster.advertise_addr`, or derived from
+    /// `cluster.listen`); empty without an internal listener.
+    pub fn advertised(&self) -> String {
+        if self.listen.is_empty() {
+            return String::new();
+        }
+        if !self.advertise_addr.is_empty() {
+            return self.advertise_addr.clone();
+        }
+        match self.listen.parse::<SocketAddr>() {
+            Ok(a) if a.ip().is_unspecified() => format!("{}:{}", host_name(), a.port()),
+            _ => self.listen.clone(),
         }
     }
 }
@@ -742,6 +775,45 @@ impl Config {
         if let Some(f) = &self.auth.key_file {
             crate::keyfile::read(f).map_err(|r| bad("auth.key_file", r))?;
         }
+        if !self.cluster.listen.is_empty() {
+            addr("cluster.listen", &self.cluster.listen)?;
+            if self.cluster.listen.ends_with(":0") {
+                return Err(bad(
+                    "cluster.listen",
+                    "must name a port (other replicas are told where it is)",
+                ));
+            }
+            if self.log.backend != Backend::Redis {
+                return Err(bad(
+                    "cluster.listen",
+                    "forwarding needs log.backend = \"redis\"",
+                ));
+            }
+            let Some(f) = &self.cluster.secret_file else {
+                return Err(bad(
+                    "cluster.secret_file",
+                    "is required with cluster.listen",
+                ));
+            };
+            crate::keyfile::read(f).map_err(|r| bad("cluster.secret_file", r))?;
+        }
+        let a = &self.cluster.advertise_addr;
+        if !a.is_empty()
+            && a.rsplit_once(':').is_none_or(|(h, p)| {
+                h.is_empty() || p.parse::<u16>().is_err() || h.contains(['/', ' ', '@'])
+            })
+        {
+            return Err(bad(
+                "cluster.advertise_addr",
+                format!("`{a}` is not host:port"),
+            ));
+        }
+        if !(100..=120_000).contains(&self.cluster.forward_timeout_ms) {
+            return Err(bad(
+                "cluster.forward_timeout_ms",
+                "must be between 100 and 120000",
+            ));
+        }
         if !(1000..=600_000).contains(&self.cluster.lease_ms) {
             return Err(bad("cluster.lease_ms", "must be between 1000 and 600000"));
         }
@@ -1117,6 +1189,11 @@ mod tests {
             ),
             ("[cluster]\nreplica_id = \"a/b\"\n", "cluster.replica_id"),
             ("[cluster]\nlease_ms = 999\n", "cluster.lease_ms"),
+            ("[cluster]\nlisten = \"127.0.0.1:0\"\n", "cluster.listen"),
+            (
+                "[cluster]\nadvertise_addr = \"nope\"\n",
+                "cluster.advertise_addr",
+            ),
             (
                 "[upstream]\nmax_event_bytes = 300000000\n",
                 "upstream.max_event_bytes",

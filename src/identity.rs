@@ -183,6 +183,18 @@ impl Identity {
             == 0
     }
 
+    /// Its 64 hex characters (what a forward between replicas carries).
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+
+    /// From [`Identity::to_hex`].
+    pub fn from_hex(s: &str) -> Option<Identity> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).ok()?;
+        Some(Identity(out))
+    }
+
     /// Its log tag (first 8 hex chars of the fingerprint, which is already keyed).
     pub fn tag(&self) -> Tag {
         Tag(u32::from_be_bytes([

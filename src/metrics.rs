@@ -37,6 +37,10 @@ pub const DROPPED_REASONS: [&str; 6] = [
 /// `mcp_resume_tasks_total` label values.
 pub const TASK_STATUSES: [&str; 5] = ["created", "completed", "failed", "cancelled", "expired"];
 
+/// Outcomes of `mcp_resume_forwards_total`: forwarded and answered, the owner unreachable, no
+/// answer in time (never retried), a forward this replica refused (its proof did not hold).
+pub const FORWARD_OUTCOMES: [&str; 4] = ["ok", "error", "timeout", "refused"];
+
 /// Reasons of `mcp_resume_requests_rejected_total`.
 pub const REJECT_REASONS: [&str; 6] = [
     "origin_not_allowed",
@@ -92,6 +96,9 @@ pub struct Metrics {
     /// looked at (a browser's foreign `Origin`, a foreign `Host`, no identity where one is required,
     /// a legacy message that is not JSON).
     requests_rejected: IntCounterVec,
+    /// `mcp_resume_forwards_total{outcome}`: requests for sessions live on another replica,
+    /// forwarded to it (or refused as forwards here).
+    forwards: IntCounterVec,
     /// `mcp_resume_auth_rejected_total{facade}`: requests refused because they named a session of
     /// another identity or another face (answered like an unknown session).
     auth_rejected: IntCounterVec,
@@ -235,6 +242,14 @@ impl Metrics {
                 &["reason"],
             )
             .unwrap(),
+            forwards: IntCounterVec::new(
+                Opts::new(
+                    "mcp_resume_forwards_total",
+                    "Requests forwarded to the replica that owns their session, by outcome (ok, error, timeout), and forwards refused here (refused).",
+                ),
+                &["outcome"],
+            )
+            .unwrap(),
             auth_rejected: IntCounterVec::new(
                 Opts::new(
                     "mcp_resume_auth_rejected_total",
@@ -291,6 +306,10 @@ impl Metrics {
         r.register(Box::new(m.requests_rejected.clone())).unwrap();
         for reason in REJECT_REASONS {
             m.requests_rejected.with_label_values(&[reason]);
+        }
+        r.register(Box::new(m.forwards.clone())).unwrap();
+        for outcome in FORWARD_OUTCOMES {
+            m.forwards.with_label_values(&[outcome]);
         }
         r.register(Box::new(m.tasks.clone())).unwrap();
         r.register(Box::new(m.pool_sessions.clone())).unwrap();
@@ -352,6 +371,11 @@ impl Metrics {
     /// [`REJECT_REASONS`]).
     pub fn request_rejected(&self, reason: &'static str) {
         self.requests_rejected.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts one forward (`outcome`: one of [`FORWARD_OUTCOMES`]).
+    pub fn forward(&self, outcome: &'static str) {
+        self.forwards.with_label_values(&[outcome]).inc();
     }
 
     /// Counts one request refused for naming a session it may not use.
@@ -420,6 +444,7 @@ mod tests {
             "mcp_resume_store_damage_total",
             "mcp_resume_fenced_total",
             "mcp_resume_takeovers_total",
+            "mcp_resume_forwards_total",
             "mcp_resume_log_disk_bytes",
             "mcp_resume_auth_rejected_total",
             "mcp_resume_requests_rejected_total",

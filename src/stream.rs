@@ -124,6 +124,17 @@ impl SseBody {
         }
     }
 
+    /// A stream whose frames come from `rx` (another replica's stream, relayed), counted in
+    /// `gauge` while it lives.
+    pub fn relay(rx: mpsc::Receiver<Bytes>, gauge: IntGauge) -> SseBody {
+        gauge.inc();
+        SseBody {
+            rx: Frames::Cursor(rx),
+            _gauge: GaugeGuard(gauge),
+            _hold: None,
+        }
+    }
+
     /// Keeps `guard` until the stream ends.
     pub fn hold(&mut self, guard: Box<dyn Send + Sync>) {
         self._hold = Some(guard);

@@ -187,9 +187,23 @@ async fn a_listen_that_stops_reading_outlives_listen_max_secs_and_pins_its_sessi
         assert!(n < 500, "the listen never fell behind");
     }
     eprintln!("the listen fell behind after {n} calls");
-    // Its stalled stream still counts against the owner: no second one beside it.
-    let v = answer(&t, &listen("l1"), None).await;
-    assert_eq!(v["error"]["data"]["reason"], "capacity", "{v}");
+    // While the stalled listen still holds its place (its task has not yet seen that it fell
+    // behind), it counts against the owner: no second one beside it. Once its task has seen it,
+    // it lets go of its slot and its session at once (only its last frame waits, a little, for
+    // a client that may not read), so a second listen is rightly served — on a loaded machine
+    // the task often gets there first. Either way, never two listens holding places at once.
+    let r = post(&t, &listen("l1"), None).await;
+    if r.header("content-type").as_deref() == Some("text/event-stream") {
+        let pool = pool_sessions(&p);
+        assert!(
+            pool <= 1.0,
+            "two listens of one owner hold {pool} upstream sessions (max_per_identity = 1)"
+        );
+        drop(r);
+    } else {
+        let v = r.json().await;
+        assert_eq!(v["error"]["data"]["reason"], "capacity", "{v}");
+    }
     // Long past `listen_max_secs` (12 s, then at most 5 s for its last frame): the stalled
     // listen is gone, and with it its hold on the upstream session (past `pool_idle_secs`).
     tokio::time::sleep(Duration::from_secs(19)).await;

@@ -698,3 +698,129 @@ async fn a_paused_owner_that_wakes_after_its_takeover_writes_nothing() {
     assert_eq!(abort["id"], id);
     assert_eq!(abort["error"]["code"], -32091);
 }
+
+/// Two in-process replicas with internal listeners and one shared secret and identity key.
+async fn forwarding_pair(
+    up: &Upstream,
+    redis: &RedisServer,
+    keys: &std::path::Path,
+) -> (Proxy, Proxy, u16) {
+    let secret = key_file(keys, 0x77);
+    let ident = key_file(keys, 0x33);
+    let mut out = Vec::new();
+    let mut internal_a = 0;
+    for name in ["pod-a", "pod-b"] {
+        let p = port();
+        if name == "pod-a" {
+            internal_a = p;
+        }
+        let (url, secret, ident) = (redis.url(), secret.clone(), ident.clone());
+        out.push(
+            Proxy::start(up, move |c| {
+                c.log.backend = Backend::Redis;
+                c.log.redis.url = url;
+                c.cluster.replica_id = name.into();
+                c.cluster.listen = format!("127.0.0.1:{p}");
+                c.cluster.secret_file = Some(secret);
+                c.auth.key_file = Some(ident);
+            })
+            .await,
+        );
+    }
+    let b = out.pop().unwrap();
+    let a = out.pop().unwrap();
+    (a, b, internal_a)
+}
+
+/// Writes reach the owner: a client whose requests land on the replica that does not own its
+/// session is served by the owner through it — a tool call's stream relayed exactly, a
+/// notification, the DELETE — and a forward whose proof does not hold is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_through_a_replica_that_does_not_own_the_session_reach_the_owner() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let keys = tempfile::tempdir().unwrap();
+    let (a, b, internal_a) = forwarding_pair(&up, &redis, keys.path()).await;
+    let (c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let mut via_b = c.at(b.addr());
+    // A call through B: the owner runs it; its stream comes back through B, exactly.
+    let (id, mut s) = via_b.call("tick", tick(4, 50), "T").await;
+    let evs = s.rest().await;
+    assert!(evs[0].is_priming());
+    let mut want = progress(1, 4);
+    want.push(format!("response {id}"));
+    assert_eq!(desc(&evs), want);
+    assert_eq!(
+        evs.last().unwrap().json()["result"]["content"][0]["text"],
+        "done 4"
+    );
+    // Its ids are the owner's: a resume of that stream on the owner replays the same events.
+    let r = c.get(Some(evs[0].id.as_deref().unwrap())).await;
+    assert_eq!(r.sse().rest().await, evs[1..].to_vec());
+    // A notification through B is accepted by the owner.
+    let r = via_b
+        .post(&json!({"jsonrpc":"2.0","method":"notifications/roots/list_changed"}))
+        .await;
+    assert_eq!(r.status, 202);
+    assert_eq!(
+        b.metric("mcp_resume_forwards_total{outcome=\"ok\"}").await,
+        2.0
+    );
+    // A forged forward straight to the owner's internal listener: 404, counted, nothing run.
+    let forged = send(
+        format!("127.0.0.1:{internal_a}").parse().unwrap(),
+        "POST",
+        "/mcp",
+        &[
+            ACCEPT_BOTH,
+            JSON_CT,
+            ("mcp-session-id", c.session.as_str()),
+            ("mcp-protocol-version", "2025-11-25"),
+            (
+                "x-mcp-resume-forward",
+                "1 00000000000000000000000000000000 00",
+            ),
+        ],
+        Some(&json!({"jsonrpc":"2.0","id":77,"method":"ping"}).to_string()),
+    )
+    .await;
+    assert_eq!(forged.status, 404);
+    assert_eq!(
+        a.metric("mcp_resume_forwards_total{outcome=\"refused\"}")
+            .await,
+        1.0
+    );
+    // The DELETE through B ends the session on its owner.
+    assert_eq!(via_b.delete().await.status, 200);
+    let r = c
+        .post(&json!({"jsonrpc":"2.0","id":99,"method":"ping"}))
+        .await;
+    assert_eq!(r.status, 404);
+    a.stop().await;
+    b.stop().await;
+}
+
+/// The legacy face: an `EventSource` client's message POSTs land on any replica (the endpoint
+/// event's path is relative to the load balancer's origin) and reach the owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn legacy_messages_through_a_replica_that_does_not_own_the_session_reach_the_owner() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let keys = tempfile::tempdir().unwrap();
+    let (a, b, _) = forwarding_pair(&up, &redis, keys.path()).await;
+    let base_a = format!("http://{}", a.addr());
+    let (mut sse, url, _) = legacy_session(&base_a).await;
+    let via_b = url.replace(&base_a, &format!("http://{}", b.addr()));
+    assert_ne!(via_b, url);
+    let echo = call(9, "echo", json!({"text": "through b"}), None);
+    assert_eq!(post(&via_b, &echo).await.0, 202);
+    let (_, m) = sse.message().await;
+    assert_eq!(m["id"], 9, "{m}");
+    assert_eq!(m["result"]["content"][0]["text"], "through b");
+    assert_eq!(
+        b.metric("mcp_resume_forwards_total{outcome=\"ok\"}").await,
+        1.0
+    );
+    a.stop().await;
+    b.stop().await;
+}

@@ -100,6 +100,16 @@ async fn resume(ctx: &Arc<Ctx>, caller: &Caller, last_event_id: &str) -> Resp {
 
 /// Serves one request to the message path.
 pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    message_as(ctx, req, None).await
+}
+
+/// [`message`], for a request whose caller is already known (`Some`: a forward from another
+/// replica, [`super::forward`]).
+pub async fn message_as<B>(ctx: &Arc<Ctx>, req: Request<B>, known: Option<Caller>) -> Resp
+where
+    B: hyper::body::Body<Data = bytes::Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     if req.method() != Method::POST {
         return error_response(&Error::MethodNotAllowed("POST"), None);
     }
@@ -115,9 +125,12 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         ctx.reg.metrics.request_rejected("unsupported_media_type");
         return error_response(&Error::UnsupportedMediaType, None);
     }
-    let caller = match ctx.caller(&req) {
-        Ok(c) => c,
-        Err(r) => return *r,
+    let caller = match known {
+        Some(c) => c,
+        None => match ctx.caller(&req) {
+            Ok(c) => c,
+            Err(r) => return *r,
+        },
     };
     // Before the body is read: an unknown session costs no more than its request head.
     let session = ctx
@@ -125,6 +138,17 @@ pub async fn message(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
         .live(&id)
         .filter(|s| ctx.admits(&caller, s.log.identity.as_ref(), s.facade, Facade::Legacy));
     let Some(session) = session else {
+        if let Some(addr) = ctx.owner_elsewhere(&req, raw).await {
+            // Live on another replica: its message goes there.
+            let (parts, body) = req.into_parts();
+            let body = match read_client_body(ctx, &caller, body).await {
+                Ok(b) => b,
+                Err(r) => return *r,
+            };
+            return ctx
+                .forward_to(&addr, &caller, Request::from_parts(parts, ()), body)
+                .await;
+        }
         return error_response(&Error::UnknownSession, None);
     };
     let body = match read_client_body(ctx, &caller, req.into_body()).await {

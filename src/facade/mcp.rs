@@ -32,6 +32,31 @@ pub async fn route(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
     }
 }
 
+/// Serves one request to the internal listener (`cluster.listen`): a forward from another
+/// replica, for a session this one owns ([`super::forward`]); anything else is 404.
+pub async fn internal(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
+    let Some(fw) = ctx.forward.clone() else {
+        return super::forward::not_found();
+    };
+    let (req, caller) = match super::forward::accept(&fw, req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let path = req.uri().path();
+    if path == ctx.cfg.streamable.path {
+        match *req.method() {
+            Method::POST => streamable::post(&ctx, &caller, req).await,
+            Method::GET => streamable::get(&ctx, &caller, req).await,
+            Method::DELETE => streamable::delete(&ctx, &caller, req).await,
+            _ => error_response(&Error::MethodNotAllowed("GET, POST, DELETE"), None),
+        }
+    } else if path == ctx.cfg.legacy.message_path {
+        legacy::message_as(&ctx, req, Some(caller)).await
+    } else {
+        super::forward::not_found()
+    }
+}
+
 /// Serves one request to the MCP endpoint (`streamable.path`): picks the era of each request.
 pub async fn endpoint(ctx: &Arc<Ctx>, req: Request<Incoming>) -> Resp {
     // The request, and the stream it may become, count against the caller's share of the
@@ -63,7 +88,7 @@ async fn by_method(ctx: &Arc<Ctx>, caller: Caller, req: Request<Incoming>) -> Re
             streamable::post(ctx, &caller, req).await
         }
         Method::GET => streamable::get(ctx, &caller, req).await,
-        Method::DELETE => streamable::delete(ctx, &caller, req.headers()).await,
+        Method::DELETE => streamable::delete(ctx, &caller, req).await,
         _ => error_response(&Error::MethodNotAllowed("GET, POST, DELETE"), None),
     }
 }

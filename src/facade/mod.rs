@@ -3,6 +3,7 @@
 //! [`mcp`], the router, picks one per request; [`http`] is the leaf they share (caller, bodies, responses,
 //! refusals). This file holds what every handler is given: [`Ctx`].
 
+pub mod forward;
 pub mod http;
 pub mod legacy;
 pub mod mcp;
@@ -61,6 +62,8 @@ pub struct Ctx {
     pub modern: Arc<modern::Modern>,
     /// `auth.mode = "jwt"`: the token verifier.
     jwt: Option<Arc<crate::jwt::Verifier>>,
+    /// `cluster.listen` (shared log): forwards requests for sessions live on another replica.
+    pub forward: Option<Arc<forward::Forwarder>>,
 }
 
 impl Ctx {
@@ -101,7 +104,48 @@ impl Ctx {
             streams,
             modern,
             jwt,
+            forward: None,
         }
+    }
+
+    /// With forwarding to the replicas that own sessions (`cluster.listen`).
+    pub fn with_forwarder(mut self, f: Arc<forward::Forwarder>) -> Self {
+        self.forward = Some(f);
+        self
+    }
+
+    /// Where a request for session `id` (the raw header or query value), not live here, goes:
+    /// the internal address of the replica that owns it — when forwarding is on, the session
+    /// is live there, and `req` did not itself arrive forwarded.
+    pub async fn owner_elsewhere<B>(&self, req: &::http::Request<B>, id: &str) -> Option<String> {
+        self.forward.as_ref()?;
+        if forward::arrived_forwarded(req) {
+            return None;
+        }
+        let id = crate::log::cursor::SessionId::parse(id.trim())?;
+        if self.reg.live(&id).is_some() {
+            return None;
+        }
+        self.reg.log.owner_addr(&id).await
+    }
+
+    /// Forwards `req` (its body already read: `body`) to the replica at `addr` (see
+    /// [`forward`]).
+    pub async fn forward_to<B>(
+        &self,
+        addr: &str,
+        caller: &Caller,
+        req: ::http::Request<B>,
+        body: bytes::Bytes,
+    ) -> Resp {
+        let f = self.forward.as_ref().expect("forwarding is on");
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        f.send(addr, req.method().clone(), &pq, req.headers(), body, caller)
+            .await
     }
 
     /// The caller of a request that may become a stream ([`Ctx::caller`]), and its slot of

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Either};
-use hyper::body::Incoming;
 use serde_json::json;
 use serde_json::value::RawValue;
 
@@ -237,7 +236,13 @@ pub async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<LegacyBody>) -> 
     let session = if has_session {
         match live_session(ctx, caller, h) {
             Ok(s) => Some(s),
-            Err(r) => return *r,
+            Err(r) => {
+                let sid = header(h, SESSION_HEADER).unwrap_or_default().to_string();
+                if let Some(addr) = ctx.owner_elsewhere(&req, &sid).await {
+                    return forward_with_body(ctx, caller, &addr, req).await;
+                }
+                return *r;
+            }
         }
     } else {
         None
@@ -437,7 +442,31 @@ async fn answer(
 // GET
 
 /// `GET`: the standalone stream, or a resume.
-pub async fn get(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Resp {
+/// A request for a session live on another replica: its body read (within this replica's body
+/// budget), then forwarded to that replica and its answer relayed ([`super::forward`]).
+async fn forward_with_body(
+    ctx: &Arc<Ctx>,
+    caller: &Caller,
+    addr: &str,
+    req: Request<LegacyBody>,
+) -> Resp {
+    let (parts, body) = req.into_parts();
+    let body = match body {
+        Either::Left(unread) => match read_client_body(ctx, caller, unread).await {
+            Ok(b) => b,
+            Err(r) => return *r,
+        },
+        Either::Right(read) => read
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default(),
+    };
+    ctx.forward_to(addr, caller, Request::from_parts(parts, ()), body)
+        .await
+}
+
+pub async fn get<B>(ctx: &Arc<Ctx>, caller: &Caller, req: Request<B>) -> Resp {
     let h = req.headers();
     if !accepts(h, "text/event-stream") {
         return error_response(&Error::NotAcceptable("text/event-stream"), None);
@@ -451,7 +480,17 @@ pub async fn get(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> Res
     };
     match header(h, "last-event-id") {
         Some(lei) => resume(ctx, caller, sid.trim(), lei, version.as_deref()).await,
-        None => standalone(ctx, caller, h, version.as_deref()).await,
+        None => {
+            // The standalone stream is the owner's to serve (it takes over connections and
+            // primes): forwarded when the session is live on another replica.
+            if let Some(addr) = ctx.owner_elsewhere(&req, sid).await {
+                let (parts, _) = req.into_parts();
+                return ctx
+                    .forward_to(&addr, caller, Request::from_parts(parts, ()), Bytes::new())
+                    .await;
+            }
+            standalone(ctx, caller, h, version.as_deref()).await
+        }
     }
 }
 
@@ -649,13 +688,23 @@ async fn resume(
 // DELETE
 
 /// `DELETE`: ends the session.
-pub async fn delete(ctx: &Arc<Ctx>, caller: &Caller, h: &HeaderMap) -> Resp {
+pub async fn delete<B>(ctx: &Arc<Ctx>, caller: &Caller, req: Request<B>) -> Resp {
+    let h = req.headers();
     if let Err(r) = version_header(h) {
         return *r;
     }
     let session = match live_session(ctx, caller, h) {
         Ok(s) => s,
-        Err(r) => return *r,
+        Err(r) => {
+            let sid = header(h, SESSION_HEADER).unwrap_or_default().to_string();
+            if let Some(addr) = ctx.owner_elsewhere(&req, &sid).await {
+                let (parts, _) = req.into_parts();
+                return ctx
+                    .forward_to(&addr, caller, Request::from_parts(parts, ()), Bytes::new())
+                    .await;
+            }
+            return *r;
+        }
     };
     tracing::info!(session = %session.log.tag, "streamable session deleted by its client");
     ctx.reg.end(&session, EndReason::ClientDelete).await;

@@ -89,6 +89,8 @@ pub struct SharedSettings {
     pub retain_secs: u64,
     /// `cluster.lease_ms`.
     pub lease_ms: u64,
+    /// Where other replicas forward this one's writes (registered with its lease; empty: none).
+    pub advertise: String,
     /// The secret shared by the replicas (`auth.key_file`): every replica must key identities
     /// alike to check a session's binding. `None`: the data directory's own.
     pub keys: Option<Keyring>,
@@ -211,6 +213,7 @@ impl Log {
             replica: settings.replica_id.clone(),
             retain_secs: settings.retain_secs,
             lease: std::time::Duration::from_millis(settings.lease_ms),
+            advertise: settings.advertise.clone(),
         });
         sh.renew(true)
             .await
@@ -265,6 +268,14 @@ impl Log {
                 None
             }
         }
+    }
+
+    /// Shared log: where to forward a request for session `id` — the internal address of the
+    /// replica that owns it, when it is live there and not here. `None` otherwise (the local
+    /// log, an unknown or ended session, one this replica owns, an owner without an address).
+    pub async fn owner_addr(&self, id: &SessionId) -> Option<String> {
+        let (sh, _, _) = self.shared.as_ref()?;
+        sh.owner_addr(id).await
     }
 
     /// Waits until `evs` fit in the writer's queue (bounded in bytes, not only in ops).

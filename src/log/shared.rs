@@ -59,6 +59,8 @@ pub(crate) struct SharedLog {
     pub(crate) retain_secs: u64,
     /// `cluster.lease_ms`.
     pub(crate) lease: Duration,
+    /// Where other replicas forward writes to this one (`cluster.advertise_addr`).
+    pub(crate) advertise: String,
 }
 
 fn shared_err(e: SharedError) -> StoreError {
@@ -79,7 +81,7 @@ impl SharedLog {
         let ms = u64::try_from(self.lease.as_millis()).unwrap_or(u64::MAX);
         Ok(self
             .shared
-            .heartbeat(&self.owner, ms, "", first)
+            .heartbeat(&self.owner, ms, &self.advertise, first)
             .await?
             .is_some())
     }
@@ -128,6 +130,20 @@ impl SharedLog {
             );
         }
         Ok(())
+    }
+
+    /// The internal address of the replica that owns `id`, when it is live there, not here.
+    pub(crate) async fn owner_addr(&self, id: &SessionId) -> Option<String> {
+        let (rec, _) = self.shared.read(id, u64::MAX, 1).await.ok()??;
+        if rec.ended.is_some() || rec.fence.owner == self.owner {
+            return None;
+        }
+        self.shared
+            .node_addr(&rec.fence.owner)
+            .await
+            .ok()
+            .flatten()
+            .filter(|a| !a.is_empty())
     }
 
     /// Ends the sessions a previous incarnation of this replica left live; returns how many, and
