@@ -9,6 +9,7 @@ them merged over the chart's values.yaml, so every scenario checks its own setti
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import sys
 import tomllib
@@ -19,11 +20,14 @@ from common import (
     CONFIG_DERIVED,
     CONFIG_KEYS,
     CRD_KINDS,
+    HOST_NAME,
+    REDIS_SECTIONS,
     ROOT,
     Checks,
     chart_values,
     load_docs,
 )
+from common import section as table_of
 
 SECRETS_DIR = "/var/run/secrets/mcp-resume-proxy"
 
@@ -73,6 +77,11 @@ def derived_config(v: dict) -> dict[tuple[str, str], object]:
         ("tls", "key_file"): f"{SECRETS_DIR}/tls/tls.key" if v["tls"]["secretName"] else None,
         ("tls", "client_ca_file"): f"{SECRETS_DIR}/client-ca/ca.crt" if v["tls"]["clientCaSecretName"] else None,
         ("auth", "jwks_file"): f"{SECRETS_DIR}/jwks/jwks.json" if jwks(v) else None,
+        ("auth", "key_file"): None,
+        ("cluster", "replica_id"): None,
+        ("cluster", "listen"): None,
+        ("cluster", "advertise_addr"): None,
+        ("cluster", "secret_file"): None,
     }
 
 
@@ -139,40 +148,70 @@ def check_files(c: Checks, cfg: dict, v: dict, proxy: dict, server: dict, volume
          "the proxy mounts no other volume than config, data and the files its config names")
     server_mounts = {m["name"] for m in server.get("volumeMounts", [])}
     c.check(not (server_mounts & used), "the MCP server container mounts none of the TLS volumes")
-    c.eq(sorted(n for n in volumes if volumes[n].get("secret")), sorted(n for n in used if volumes[n].get("secret")),
-         "no Secret volume without a use")
+    c.eq(sorted(n for n in volumes if volumes[n].get("secret") and n != "config"),
+         sorted(n for n in used if volumes[n].get("secret")), "no Secret volume without a use")
 
 
-def check_config(c: Checks, cm: dict, v: dict) -> dict:
-    text = cm["data"].get("config.toml", "")
+def redis_on(v: dict) -> bool:
+    return v["proxy"]["config"]["log"]["backend"] == "redis"
+
+
+def config_text(c: Checks, kinds: dict, vol: dict, redis: bool) -> str | None:
+    """config.toml from the ConfigMap the config volume names, or (log.backend = "redis": the file
+    holds log.redis.url, maybe with a password) from the Secret, mode 0440 for the fsGroup."""
+    if redis:
+        name = vol.get("secret", {}).get("secretName")
+        found = {s["metadata"]["name"]: s for s in kinds.get("Secret", [])}.get(name)
+        if not c.check(found is not None and "configMap" not in vol, f"config volume is a rendered Secret with log.backend redis ({name})"):
+            return None
+        c.eq(vol["secret"].get("defaultMode"), 0o440, "config Secret volume mode 0440 (the pod's fsGroup reads it)")
+        c.check("config.toml" not in "".join(str(cm.get("data")) for cm in kinds.get("ConfigMap", [])),
+                "no ConfigMap holds the config (it names the Redis URL)")
+        return base64.b64decode(found.get("data", {}).get("config.toml", "")).decode()
+    name = vol.get("configMap", {}).get("name")
+    found = {cm["metadata"]["name"]: cm for cm in kinds.get("ConfigMap", [])}.get(name)
+    if not c.check(found is not None, f"config volume refers to a rendered ConfigMap ({name})"):
+        return None
+    return found["data"].get("config.toml", "")
+
+
+def check_config(c: Checks, text: str, v: dict) -> dict:
     try:
         cfg = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         c.check(False, f"config.toml parses as TOML: {e}")
         return {}
     derived = derived_config(v)
-    c.eq(list(cfg), list(CONFIG_KEYS), "config.toml sections (exactly, in order)")
-    for section, keys in CONFIG_KEYS.items():
-        # Optional keys (no default, e.g. a file path) are written only when the chart sets them.
-        want = [k for k in keys if not (CONFIG_DEFAULTS[section][k] is None and derived.get((section, k)) is None)]
-        c.eq(list(cfg.get(section, {})), want, f"config.toml [{section}] keys (exactly)")
+    # [log.redis] and [cluster] only with log.backend = "redis" (else the proxy's defaults hold).
+    sections = [s for s in CONFIG_KEYS if redis_on(v) or s not in REDIS_SECTIONS]
+    c.eq(list(cfg), [s for s in sections if "." not in s], "config.toml sections (exactly, in order)")
+    c.eq(list(cfg.get("log", {}))[-1:], ["redis"] if redis_on(v) else list(cfg.get("log", {}))[-1:],
+         "[log.redis] follows the [log] keys")
+    for sec in sections:
+        keys = CONFIG_KEYS[sec]
+        # Optional keys (no default, e.g. a file path) are written only when the chart sets them;
+        # keys the chart leaves to the proxy (cluster.replica_id) are not written at all.
+        want = [k for k in keys
+                if (derived.get((sec, k)) is not None if (sec, k) in CONFIG_DERIVED else CONFIG_DEFAULTS[sec][k] is not None)]
+        table = table_of(cfg, sec)
+        c.eq(list(table), want, f"config.toml [{sec}] keys (exactly)")
         for key in want:
-            default = CONFIG_DEFAULTS[section][key]
-            want_type = str if default is None else type(default)
-            got = cfg.get(section, {}).get(key)
-            c.check(type(got) is want_type, f"{section}.{key} is a {want_type.__name__} (got {got!r})")
+            default = CONFIG_DEFAULTS[sec][key]
+            want_type = str if default is None or default == HOST_NAME else type(default)
+            got = table.get(key)
+            c.check(type(got) is want_type, f"{sec}.{key} is a {want_type.__name__} (got {got!r})")
             if isinstance(default, list):
-                c.check(all(type(x) is str for x in got or []), f"{section}.{key} is a list of strings (got {got!r})")
+                c.check(all(type(x) is str for x in got or []), f"{sec}.{key} is a list of strings (got {got!r})")
     pc = v["proxy"]["config"]
-    for (section, key), want in derived.items():
-        c.eq(cfg.get(section, {}).get(key), want, f"{section}.{key} is set by the chart")
-    for section, keys in CONFIG_KEYS.items():
-        in_values = [k for k in keys if (section, k) not in CONFIG_DERIVED]
-        c.eq(sorted(pc.get(section, {})), sorted(in_values), f"values.yaml proxy.config.{section} has every settable key")
-    for section, keys in CONFIG_KEYS.items():
-        for key in keys:
-            if (section, key) not in derived:
-                c.eq(cfg.get(section, {}).get(key), pc[section][key], f"{section}.{key} comes from proxy.config")
+    for (sec, key), want in derived.items():
+        c.eq(table_of(cfg, sec).get(key), want, f"{sec}.{key} is set by the chart")
+    for sec, keys in CONFIG_KEYS.items():
+        in_values = [k for k in keys if (sec, k) not in CONFIG_DERIVED]
+        c.eq(sorted(table_of(pc, sec)), sorted(in_values), f"values.yaml proxy.config.{sec} has every settable key")
+    for sec in sections:
+        for key in CONFIG_KEYS[sec]:
+            if (sec, key) not in derived:
+                c.eq(table_of(cfg, sec).get(key), table_of(pc, sec)[key], f"{sec}.{key} comes from proxy.config")
     return cfg
 
 
@@ -254,13 +293,11 @@ def main() -> int:
     mounts = {m["name"]: m for m in proxy.get("volumeMounts", [])}
     c.eq(mounts.get("config", {}).get("mountPath"), "/etc/mcp-resume-proxy", "config volume mount")
     c.check(mounts.get("config", {}).get("readOnly") is True, "config volume is mounted read-only")
-    configmaps = {cm["metadata"]["name"]: cm for cm in kinds.get("ConfigMap", [])}
     volumes = {vol["name"]: vol for vol in pod.get("volumes", [])}
-    cm_name = volumes.get("config", {}).get("configMap", {}).get("name")
-    cm = configmaps.get(cm_name)
     cfg: dict = {}
-    if c.check(cm is not None, f"config volume refers to a rendered ConfigMap ({cm_name})"):
-        cfg = check_config(c, cm, v)
+    text = config_text(c, kinds, volumes.get("config", {}), redis_on(v))
+    if text is not None:
+        cfg = check_config(c, text, v)
         c.check(pod_meta.get("annotations", {}).get("checksum/config"), "pod template carries checksum/config")
         check_files(c, cfg, v, proxy, server, volumes)
 
@@ -417,7 +454,7 @@ def main() -> int:
                 f"{d['kind']}/{d['metadata']['name']} has the standard labels")
     c.check({d["kind"] for d in docs} - CRD_KINDS <= {
         "ConfigMap", "Service", "ServiceAccount", "Deployment", "StatefulSet",
-        "PodDisruptionBudget", "NetworkPolicy"}, "only expected kinds are rendered")
+        "PodDisruptionBudget", "NetworkPolicy", *(["Secret"] if redis_on(v) else [])}, "only expected kinds are rendered")
     return c.done()
 
 

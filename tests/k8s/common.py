@@ -7,7 +7,8 @@ disk), `mcp_resume_store_errors_total` (design.md §10: failed writes, syncs or 
 the log), `mcp_resume_store_damage_total` (design.md §10b: damaged records found in the log),
 `mcp_resume_dropped_total`, the security counters of design.md §11
 (`mcp_resume_requests_rejected_total`, `mcp_resume_auth_rejected_total`) and the 2026-07-28 face's
-of §12 (`mcp_resume_tasks_total`, `mcp_resume_upstream_pool_sessions`). When ../shared/design.md
+of §12 (`mcp_resume_tasks_total`, `mcp_resume_upstream_pool_sessions`) and the shared log's of
+§13 (`mcp_resume_fenced_total`, `mcp_resume_takeovers_total`, `mcp_resume_forwards_total`). When ../shared/design.md
 is present, `design_metrics()` reads the table and the checks compare it with this copy, so the
 two cannot drift apart unnoticed.
 """
@@ -45,7 +46,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
 # disk (live records, dead ones not yet compacted, headers), the storage failures of §10, the
 # damaged records of §10b, messages
 # that could not be delivered, the refusals of §11 (before any session was looked at; a session of
-# another identity or face), and the tasks and upstream pool of §12.
+# another identity or face), the tasks and upstream pool of §12, and the shared log's fence,
+# takeovers and forwards of §13.
 EXTRA_METRICS = {
     "mcp_resume_log_max_bytes": ("gauge", ()),
     "mcp_resume_log_disk_bytes": ("gauge", ()),
@@ -56,6 +58,11 @@ EXTRA_METRICS = {
     "mcp_resume_auth_rejected_total": ("counter", ("facade",)),
     "mcp_resume_tasks_total": ("counter", ("status",)),
     "mcp_resume_upstream_pool_sessions": ("gauge", ()),
+    # §13, several replicas on Redis: writes refused by the fence, sessions taken over from a
+    # replica whose lease lapsed, requests forwarded to the owner (or refused as forwards).
+    "mcp_resume_fenced_total": ("counter", ()),
+    "mcp_resume_takeovers_total": ("counter", ()),
+    "mcp_resume_forwards_total": ("counter", ("outcome",)),
 }
 ALL_METRICS = {**METRICS, **EXTRA_METRICS}
 
@@ -76,6 +83,8 @@ DROPPED_REASONS = ("oversized_event", "bad_event", "late_response", "non_message
                    "slow_reader")
 REJECT_REASONS = ("origin_not_allowed", "host_not_allowed", "identity_required", "unsupported_media_type")
 TASK_STATUSES = ("created", "completed", "failed", "cancelled", "expired")
+# src/metrics.rs FORWARD_OUTCOMES.
+FORWARD_OUTCOMES = ("ok", "error", "timeout", "refused")
 
 # Metrics that queries may name besides the proxy's own.
 PROMETHEUS_METRICS = {"up"}
@@ -91,7 +100,9 @@ KUBE_STATE_METRICS = {
 }
 
 # The proxy's config: section -> keys, exactly, in the order of the proxy's config structs
-# (src/config.rs `Config` and the section structs it names; contract.py compares them).
+# (src/config.rs `Config` and the section structs it names; contract.py compares them). A table
+# inside a section (`[log.redis]`, the `redis` field of `[log]`'s struct) is its own section,
+# named with a dot, right after its parent.
 CONFIG_KEYS = {
     "listen": [
         "addr", "max_connections", "max_connections_per_identity", "body_timeout_secs", "max_body_bytes_in_flight", "allowed_origins",
@@ -106,21 +117,28 @@ CONFIG_KEYS = {
     "streamable": ["path", "allowed_origins"],
     "log": [
         "dir", "durability", "max_events_per_session", "max_bytes_per_session", "max_total_bytes",
-        "store_error_exit_secs",
+        "store_error_exit_secs", "backend",
     ],
+    "log.redis": ["url", "key_prefix"],
     "sessions": [
         "idle_ttl_secs", "retain_ended_secs", "max_sessions", "keepalive_secs", "max_per_identity", "unused_ttl_secs",
     ],
     "shutdown": ["grace_secs"],
     "auth": [
         "mode", "identity_headers", "require_identity", "jwks_file", "issuer", "audience", "leeway_secs",
-        "algorithms", "resource_metadata_url",
+        "algorithms", "resource_metadata_url", "key_file",
     ],
     "tls": ["cert_file", "key_file", "client_ca_file", "reload_secs"],
     "modern": ["pool_max_sessions", "pool_idle_secs", "pool_wait_secs", "cache_ttl_ms", "input_ttl_secs",
                "max_per_identity", "listen_max_secs", "discover"],
     "tasks": ["mode", "after_ms", "ttl_secs", "poll_interval_ms"],
+    "cluster": ["replica_id", "lease_ms", "listen", "advertise_addr", "secret_file", "forward_timeout_ms"],
 }
+# The default of `cluster.replica_id`: the host name (`HOSTNAME`, else /etc/hostname), known only
+# where the proxy runs.
+HOST_NAME = "<host name>"
+# Sections the chart writes only with log.backend = "redis" (the proxy's defaults otherwise).
+REDIS_SECTIONS = ("log.redis", "cluster")
 # The proxy's defaults. None: an optional key without a default (a file path), absent from the
 # TOML unless set; its value is a string. `tls.reload_secs` is optional in the proxy too, and
 # absent means 10 (tls::DEFAULT_RELOAD_SECS); the chart always writes it.
@@ -153,7 +171,9 @@ CONFIG_DEFAULTS = {
         "max_bytes_per_session": 67108864,
         "max_total_bytes": 1073741824,
         "store_error_exit_secs": 60,
+        "backend": "local",
     },
+    "log.redis": {"url": "", "key_prefix": "mcp-resume"},
     "sessions": {
         "idle_ttl_secs": 300,
         "retain_ended_secs": 600,
@@ -173,6 +193,7 @@ CONFIG_DEFAULTS = {
         "leeway_secs": 60,
         "algorithms": ["RS256", "ES256", "EdDSA"],
         "resource_metadata_url": "",
+        "key_file": None,
     },
     "tls": {"cert_file": None, "key_file": None, "client_ca_file": None, "reload_secs": 10},
     "modern": {
@@ -186,10 +207,21 @@ CONFIG_DEFAULTS = {
         "discover": "resumable",
     },
     "tasks": {"mode": "after", "after_ms": 1000, "ttl_secs": 3600, "poll_interval_ms": 1000},
+    "cluster": {
+        "replica_id": HOST_NAME,
+        "lease_ms": 10000,
+        "listen": "",
+        "advertise_addr": "",
+        "secret_file": None,
+        "forward_timeout_ms": 5000,
+    },
 }
 # Keys the chart sets itself (not values under proxy.config): the listeners' addresses from the
 # ports, the log on the data volume, and the TLS files from the mounted Secrets. upstream.sse_url
-# is derived too, unless proxy.config.upstream.sse_url is set.
+# is derived too, unless proxy.config.upstream.sse_url is set. So are the shared keys of several
+# replicas on Redis: the key files from the mounted keys Secret, the internal listener from
+# cluster.port, and the replica's name and advertised address, which differ per pod and so are
+# left to the proxy's defaults (from the pod's host name; chart README, "Several replicas").
 CONFIG_DERIVED = {
     ("listen", "addr"),
     ("admin", "addr"),
@@ -199,9 +231,25 @@ CONFIG_DERIVED = {
     ("tls", "key_file"),
     ("tls", "client_ca_file"),
     ("auth", "jwks_file"),
+    ("auth", "key_file"),
+    ("cluster", "replica_id"),
+    ("cluster", "listen"),
+    ("cluster", "advertise_addr"),
+    ("cluster", "secret_file"),
 }
 
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def section(table: dict, name: str) -> dict:
+    """The table of section NAME (dotted for a nested one, e.g. "log.redis") in a parsed TOML
+    document or proxy.config, without its nested sections' tables; {} when absent."""
+    for part in name.split("."):
+        table = table.get(part) if isinstance(table, dict) else None
+        if table is None:
+            return {}
+    nested = {n.split(".")[-1] for n in CONFIG_KEYS if n.startswith(name + ".")}
+    return {k: v for k, v in table.items() if k not in nested}
 
 
 class Checks:

@@ -4,7 +4,8 @@
 
 - The sections and keys of CONFIG_KEYS are exactly the fields of the proxy's config structs, in
   order: `Config` in src/config.rs names one struct per section, found anywhere under src/
-  (so a key added to the proxy without the chart fails here, not in production).
+  (so a key added to the proxy without the chart fails here, not in production); a field whose
+  type is another `...Config` struct is a nested section (`[log.redis]`).
 - CONFIG_DEFAULTS equals the `impl Default` of each section's struct (a `#[derive(Default)]`
   struct: every key absent; `tls.reload_secs` absent means tls::DEFAULT_RELOAD_SECS), and
   proxy.toml.example, which the proxy's own unit test (`example_file_parses_to_defaults`) proves
@@ -24,7 +25,8 @@ import tomllib
 
 import yaml
 
-from common import CHART, CONFIG_DEFAULTS, CONFIG_DERIVED, CONFIG_KEYS, ROOT, Checks
+from common import CHART, CONFIG_DEFAULTS, CONFIG_DERIVED, CONFIG_KEYS, HOST_NAME, ROOT, Checks
+from common import section as table_of
 
 SRC = ROOT / "src"
 
@@ -32,8 +34,8 @@ SRC = ROOT / "src"
 STRUCTS: dict[str, str] = {}  # section -> struct name
 
 
-def struct_fields(name: str) -> list[str] | None:
-    """The `pub` fields of `pub struct NAME { ... }` somewhere under src/, in order."""
+def struct_fields(name: str) -> list[tuple[str, str]] | None:
+    """The `pub` fields of `pub struct NAME { ... }` somewhere under src/, in order, with their types."""
     for path in sorted(SRC.rglob("*.rs")):
         text = path.read_text()
         m = re.search(r"^pub struct " + re.escape(name) + r" \{\n(.*?)^\}", text, re.M | re.S)
@@ -42,7 +44,7 @@ def struct_fields(name: str) -> list[str] | None:
         body = m.group(1)
         if "#[serde(rename" in body or "#[serde(flatten" in body or "#[serde(alias" in body:
             raise SystemExit(f"{path}: {name} renames, flattens or aliases fields; teach contract.py")
-        return re.findall(r"^\s+pub (\w+):", body, re.M)
+        return re.findall(r"^\s+pub (\w+): ([^\n]+),$", body, re.M)
     return None
 
 
@@ -58,8 +60,14 @@ def _rust_value(expr: str, field: str) -> object:
         return e == "true"
     if e == "None":
         return None
+    if e == "host_name()":
+        return HOST_NAME
+    if re.fullmatch(r"\w+::default\(\)", e):
+        return None  # a nested section's struct: its own defaults are read as a section
     if e in ("Vec::new()", "vec![]"):
         return []
+    if e == "String::new()":
+        return ""
     m = re.fullmatch(r'"((?:[^"\\]|\\.)*)"\.into\(\)|PathBuf::from\("((?:[^"\\]|\\.)*)"\)', e)
     if m:
         return m.group(1) if m.group(1) is not None else m.group(2)
@@ -120,8 +128,12 @@ def source_sections() -> dict[str, list[str]]:
         fields = struct_fields(struct)
         if fields is None:
             raise SystemExit(f"no `pub struct {struct}` under src/ (section [{field}])")
-        out[field] = fields
+        nested = [(f, t) for f, t in fields if t.endswith("Config") and struct_fields(t.rsplit("::", 1)[-1]) is not None]
+        out[field] = [f for f, _ in fields if (f, _) not in nested]
         STRUCTS[field] = struct
+        for sub, t in nested:
+            out[f"{field}.{sub}"] = [f for f, _ in struct_fields(t.rsplit("::", 1)[-1])]
+            STRUCTS[f"{field}.{sub}"] = t.rsplit("::", 1)[-1]
     return out
 
 
@@ -144,47 +156,52 @@ def main() -> int:
 
     example = tomllib.loads((ROOT / "proxy.toml.example").read_text())
     unchecked = []
-    for section, keys in CONFIG_KEYS.items():
+    for sec, keys in CONFIG_KEYS.items():
+        shown = table_of(example, sec)
         for key in keys:
-            default = CONFIG_DEFAULTS[section][key]
-            if key in example.get(section, {}):
-                c.eq(default, example[section][key], f"default of {section}.{key} == proxy.toml.example")
+            if key in shown:
+                c.eq(CONFIG_DEFAULTS[sec][key], shown[key], f"default of {sec}.{key} == proxy.toml.example")
             else:
-                unchecked.append(f"{section}.{key}")
-    for section, table in example.items():
-        for key in table:
-            c.check(key in CONFIG_KEYS.get(section, []), f"proxy.toml.example's {section}.{key} is in the contract")
+                unchecked.append(f"{sec}.{key}")
+        for key in shown:
+            c.check(key in keys, f"proxy.toml.example's {sec}.{key} is in the contract")
+    tops = {s.split(".")[0] for s in CONFIG_KEYS}
+    c.check(set(example) <= tops, f"proxy.toml.example's sections are in the contract ({sorted(example)})")
     print(f"defaults not shown in proxy.toml.example (checked against src/ only): {', '.join(unchecked)}")
 
     with open(CHART / "values.yaml") as f:
         pc = yaml.safe_load(f)["proxy"]["config"]
     settable = {s: [k for k in keys if (s, k) not in CONFIG_DERIVED] for s, keys in CONFIG_KEYS.items()}
     settable = {s: keys for s, keys in settable.items() if keys}  # [admin] has only its address
-    c.eq({s: sorted(d) for s, d in pc.items()}, {s: sorted(k) for s, k in settable.items()},
+    c.eq(sorted(pc), sorted({s.split(".")[0] for s in settable}), "values.yaml proxy.config sections")
+    c.eq({s: sorted(table_of(pc, s)) for s in settable}, {s: sorted(k) for s, k in settable.items()},
          "values.yaml proxy.config has exactly the keys the chart does not set itself")
-    for section, keys in settable.items():
+    for sec, keys in settable.items():
         for key in keys:
-            want = "" if (section, key) == ("upstream", "sse_url") else CONFIG_DEFAULTS[section][key]
-            c.eq(pc.get(section, {}).get(key), want, f"values.yaml proxy.config.{section}.{key} is the proxy's default")
+            want = "" if (sec, key) == ("upstream", "sse_url") else CONFIG_DEFAULTS[sec][key]
+            c.eq(table_of(pc, sec).get(key), want, f"values.yaml proxy.config.{sec}.{key} is the proxy's default")
 
     with open(CHART / "values.schema.json") as f:
         schema = json.load(f)["properties"]["proxy"]["properties"]["config"]
     c.eq(schema.get("additionalProperties"), False, "schema: proxy.config refuses unknown sections")
-    c.eq(sorted(schema["properties"]), sorted(settable), "schema: proxy.config sections")
-    for section, keys in settable.items():
-        sec = schema["properties"].get(section, {})
-        c.eq(sec.get("additionalProperties"), False, f"schema: proxy.config.{section} refuses unknown keys")
-        c.eq(sorted(sec.get("properties", {})), sorted(keys), f"schema: proxy.config.{section} keys")
+    c.eq(sorted(schema["properties"]), sorted({s.split(".")[0] for s in settable}), "schema: proxy.config sections")
+    for sec, keys in settable.items():
+        node = schema
+        for part in sec.split("."):
+            node = node.get("properties", {}).get(part, {})
+        nested = [n.split(".")[-1] for n in settable if n.startswith(sec + ".")]
+        c.eq(node.get("additionalProperties"), False, f"schema: proxy.config.{sec} refuses unknown keys")
+        c.eq(sorted(k for k in node.get("properties", {}) if k not in nested), sorted(keys), f"schema: proxy.config.{sec} keys")
 
     with open(ROOT / "tests" / "k8s" / "values" / "everything.yaml") as f:
         every = yaml.safe_load(f)["proxy"]["config"]
-    for section, keys in settable.items():
+    for sec, keys in settable.items():
         for key in keys:
-            if (section, key) == ("upstream", "sse_url"):
+            if (sec, key) == ("upstream", "sse_url"):
                 continue  # derived from mcpServer.port/ssePath, which everything.yaml changes
-            got = every.get(section, {}).get(key, "<unset>")
-            c.check(got != "<unset>" and got != pc[section][key],
-                    f"values/everything.yaml changes proxy.config.{section}.{key} (got {got!r})")
+            got = table_of(every, sec).get(key, "<unset>")
+            c.check(got != "<unset>" and got != table_of(pc, sec)[key],
+                    f"values/everything.yaml changes proxy.config.{sec}.{key} (got {got!r})")
     return c.done()
 
 

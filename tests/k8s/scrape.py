@@ -3,7 +3,8 @@
     python scrape.py METRICS.txt MAX_TOTAL_BYTES
 
 Every fixed family of design.md §7 and the proxy's additions (common.py EXTRA_METRICS: log bound
-and bytes on disk, store errors, damaged records, dropped messages, security refusals, tasks, upstream pool) is
+and bytes on disk, store errors, damaged records, dropped messages, security refusals, tasks, upstream pool,
+the shared log's fence, takeovers and forwards) is
 exported with its type and label names; labelled families export their known label values from the start (so rates and alerts have
 a series at 0 before the first event); mcp_resume_log_max_bytes is the configured
 log.max_total_bytes; a fresh data dir has no store errors, no damaged records and its open segment
@@ -15,7 +16,8 @@ from __future__ import annotations
 import re
 import sys
 
-from common import ALL_METRICS, DROPPED_REASONS, ENDED_REASONS, FACADES, REFUSAL_REASONS, REJECT_REASONS, TASK_STATUSES, Checks
+from common import (ALL_METRICS, DROPPED_REASONS, ENDED_REASONS, FACADES, FORWARD_OUTCOMES, REFUSAL_REASONS, REJECT_REASONS,
+                    TASK_STATUSES, Checks)
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -62,9 +64,12 @@ def main(path: str, max_total_bytes: str) -> int:
         ("mcp_resume_dropped_total", "reason", DROPPED_REASONS),
         ("mcp_resume_requests_rejected_total", "reason", REJECT_REASONS),
         ("mcp_resume_tasks_total", "status", TASK_STATUSES),
+        ("mcp_resume_forwards_total", "outcome", FORWARD_OUTCOMES),
     ):
         c.check(set(known) <= values_of(fam, label),
                 f"{fam} exports every {label} from the start (has {sorted(values_of(fam, label))})")
+    for fam in ("mcp_resume_fenced_total", "mcp_resume_takeovers_total"):
+        c.eq([s[2] for s in samples if s[0] == fam], [0.0], f"{fam} is 0 on a fresh start")
     pool = [s[2] for s in samples if s[0] == "mcp_resume_upstream_pool_sessions"]
     c.eq(pool, [0.0], "mcp_resume_upstream_pool_sessions is 0 before any 2026-07-28 request")
     bound = [s[2] for s in samples if s[0] == "mcp_resume_log_max_bytes"]
