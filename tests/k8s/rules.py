@@ -22,6 +22,8 @@ EXPECTED_ALERTS = {
     "McpResumeStoreErrors": "mcp_resume_store_errors_total",
     "McpResumeStoreDamage": "mcp_resume_store_damage_total",
     "McpResumeTasksFailed": "mcp_resume_tasks_total",
+    "McpResumeTakeovers": "mcp_resume_takeovers_total",
+    "McpResumeFencedWrites": "mcp_resume_fenced_total",
     "McpResumeNoReadyReplicas": "up",
 }
 
