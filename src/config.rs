@@ -209,6 +209,9 @@ pub struct RedisConfig {
     pub url: String,
     /// Prefix of every key the proxy writes (several proxies' logs may share one Redis).
     pub key_prefix: String,
+    /// A file holding the URL instead (a mounted Secret: the URL may carry a password). Read
+    /// once at start; exclusive with `url`.
+    pub url_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisConfig {
@@ -216,6 +219,7 @@ impl Default for RedisConfig {
         Self {
             url: String::new(),
             key_prefix: "mcp-resume".into(),
+            url_file: None,
         }
     }
 }
@@ -236,7 +240,8 @@ pub struct ClusterConfig {
     /// the replicas that do not own the session.
     pub listen: String,
     /// `host:port` other replicas reach the internal listener at (the pod's IP and port).
-    /// Default: `cluster.listen` when it names a host, else the host name and its port.
+    /// Default: `cluster.listen` when it names a host; else (`0.0.0.0:port`) the address in the
+    /// `POD_IP` environment variable (Kubernetes' downward API), else the host name, and the port.
     pub advertise_addr: String,
     /// The secret forwards are signed with (HMAC-SHA-256), shared by every replica: 64 hex
     /// characters, mode 0600. Required with `cluster.listen`.
@@ -269,7 +274,13 @@ impl ClusterConfig {
             return self.advertise_addr.clone();
         }
         match self.listen.parse::<SocketAddr>() {
-            Ok(a) if a.ip().is_unspecified() => format!("{}:{}", host_name(), a.port()),
+            // In a pod: its IP (the downward API's `status.podIP` as `POD_IP`), else its name.
+            Ok(a) if a.ip().is_unspecified() => match std::env::var("POD_IP") {
+                Ok(ip) if ip.parse::<std::net::IpAddr>().is_ok() => {
+                    SocketAddr::new(ip.parse().expect("checked"), a.port()).to_string()
+                }
+                _ => format!("{}:{}", host_name(), a.port()),
+            },
             _ => self.listen.clone(),
         }
     }
@@ -599,7 +610,7 @@ impl Config {
     ///
     /// # Errors
     /// [`ConfigError::Invalid`] naming the first bad key.
-    pub fn validate(self) -> Result<Self, ConfigError> {
+    pub fn validate(mut self) -> Result<Self, ConfigError> {
         fn bad(key: &'static str, reason: impl Into<String>) -> ConfigError {
             ConfigError::Invalid {
                 key,
@@ -738,6 +749,17 @@ impl Config {
                 "log.max_total_bytes",
                 "must be at least log.max_bytes_per_session",
             ));
+        }
+        if let Some(f) = &self.log.redis.url_file {
+            if !self.log.redis.url.is_empty() {
+                return Err(bad(
+                    "log.redis.url_file",
+                    "set log.redis.url or log.redis.url_file, not both",
+                ));
+            }
+            let text = std::fs::read_to_string(f)
+                .map_err(|e| bad("log.redis.url_file", format!("cannot read {}: {e}", f.display())))?;
+            self.log.redis.url = text.trim().to_string();
         }
         if self.log.backend == Backend::Redis {
             let u = &self.log.redis.url;

@@ -1,6 +1,7 @@
 //! Key files the replicas share (`auth.key_file`, `cluster.secret_file`): 32 random bytes as 64
-//! hexadecimal characters on one line, readable by their owner only. A leaf: config validation
-//! and the components that use the keys both read them here.
+//! hexadecimal characters on one line, readable by their owner (and at most its group: a
+//! Kubernetes Secret volume with `fsGroup` is mode 0440), by nobody else. A leaf: config
+//! validation and the components that use the keys both read them here.
 
 use std::path::Path;
 
@@ -8,7 +9,8 @@ use std::path::Path;
 pub const KEY_LEN: usize = 32;
 
 /// Reads a key file: 32 bytes as 64 hexadecimal characters on one line (a trailing newline
-/// allowed), readable by its owner only (mode 0600 or stricter).
+/// allowed), readable by its owner and at most its group, writable by its owner only (0600,
+/// 0640, 0440 or stricter: a Secret volume mounted with `fsGroup` is 0440).
 ///
 /// # Errors
 /// Why the file is not such a key, in words for the config error.
@@ -16,9 +18,9 @@ pub fn read(path: &Path) -> Result<[u8; KEY_LEN], String> {
     use std::os::unix::fs::PermissionsExt;
     let meta =
         std::fs::metadata(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if meta.permissions().mode() & 0o077 != 0 {
+    if meta.permissions().mode() & 0o027 != 0 {
         return Err(format!(
-            "{} is readable by others (mode {:o}); it must be 0600",
+            "{} is open to others (mode {:o}); it must be 0600 (or 0640/0440 for a group)",
             path.display(),
             meta.permissions().mode() & 0o777
         ));
@@ -56,8 +58,12 @@ mod tests {
         assert_eq!(super::read(&p).unwrap(), [0xab; 32]);
         let (_d, p) = file(&good, 0o400);
         assert!(super::read(&p).is_ok());
-        let (_d, p) = file(&good, 0o644);
-        assert!(super::read(&p).unwrap_err().contains("0600"));
+        let (_d, p) = file(&good, 0o440);
+        assert!(super::read(&p).is_ok(), "a Secret volume with fsGroup");
+        for mode in [0o644, 0o604, 0o660, 0o602] {
+            let (_d, p) = file(&good, mode);
+            assert!(super::read(&p).unwrap_err().contains("0600"), "{mode:o}");
+        }
         for bad in [
             "ab".repeat(31),
             format!("{good}00"),

@@ -119,7 +119,7 @@ CONFIG_KEYS = {
         "dir", "durability", "max_events_per_session", "max_bytes_per_session", "max_total_bytes",
         "store_error_exit_secs", "backend",
     ],
-    "log.redis": ["url", "key_prefix"],
+    "log.redis": ["url", "key_prefix", "url_file"],
     "sessions": [
         "idle_ttl_secs", "retain_ended_secs", "max_sessions", "keepalive_secs", "max_per_identity", "unused_ttl_secs",
     ],
@@ -173,7 +173,7 @@ CONFIG_DEFAULTS = {
         "store_error_exit_secs": 60,
         "backend": "local",
     },
-    "log.redis": {"url": "", "key_prefix": "mcp-resume"},
+    "log.redis": {"url": "", "key_prefix": "mcp-resume", "url_file": None},
     "sessions": {
         "idle_ttl_secs": 300,
         "retain_ended_secs": 600,
@@ -232,6 +232,7 @@ CONFIG_DERIVED = {
     ("tls", "client_ca_file"),
     ("auth", "jwks_file"),
     ("auth", "key_file"),
+    ("log.redis", "url_file"),
     ("cluster", "replica_id"),
     ("cluster", "listen"),
     ("cluster", "advertise_addr"),
