@@ -78,6 +78,7 @@ def derived_config(v: dict) -> dict[tuple[str, str], object]:
         ("tls", "client_ca_file"): f"{SECRETS_DIR}/client-ca/ca.crt" if v["tls"]["clientCaSecretName"] else None,
         ("auth", "jwks_file"): f"{SECRETS_DIR}/jwks/jwks.json" if jwks(v) else None,
         ("auth", "key_file"): None,
+        ("log.redis", "url_file"): None,
         ("cluster", "replica_id"): None,
         ("cluster", "listen"): None,
         ("cluster", "advertise_addr"): None,
