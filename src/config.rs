@@ -757,8 +757,12 @@ impl Config {
                     "set log.redis.url or log.redis.url_file, not both",
                 ));
             }
-            let text = std::fs::read_to_string(f)
-                .map_err(|e| bad("log.redis.url_file", format!("cannot read {}: {e}", f.display())))?;
+            let text = std::fs::read_to_string(f).map_err(|e| {
+                bad(
+                    "log.redis.url_file",
+                    format!("cannot read {}: {e}", f.display()),
+                )
+            })?;
             self.log.redis.url = text.trim().to_string();
         }
         if self.log.backend == Backend::Redis {

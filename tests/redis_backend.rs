@@ -824,3 +824,79 @@ async fn legacy_messages_through_a_replica_that_does_not_own_the_session_reach_t
     a.stop().await;
     b.stop().await;
 }
+
+/// The whole proxy on a Redis Cluster of three primaries (found from any node): sessions'
+/// keys spread over the primaries by their hash tags; a call is cut and resumed exactly on the
+/// owner, resumed mid-call on a replica that does not own it (connected to another node), and
+/// written through it (forwarded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_on_a_redis_cluster_of_three() {
+    let cluster = support::redis::RedisCluster::start().await;
+    let up = fastmcp().await;
+    let keys = tempfile::tempdir().unwrap();
+    let secret = key_file(keys.path(), 0x44);
+    let mut pods = Vec::new();
+    for (i, name) in ["pod-a", "pod-b"].into_iter().enumerate() {
+        let (url, secret, p) = (cluster.url(i), secret.clone(), port());
+        pods.push(
+            Proxy::start(&up, move |c| {
+                c.log.backend = Backend::Redis;
+                c.log.redis.url = url;
+                c.cluster.replica_id = name.into();
+                c.cluster.listen = format!("127.0.0.1:{p}");
+                c.cluster.secret_file = Some(secret);
+            })
+            .await,
+        );
+    }
+    let (a, b) = (&pods[0], &pods[1]);
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        // Several sessions, so that their keys land on more than one primary.
+        let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+        let (id, mut s) = c.call("tick", tick(6, 150), "T").await;
+        let first = s
+            .until(|e| !e.is_priming() && e.describe() == "progress 2")
+            .await;
+        let cursor = first.last().unwrap().id.clone().unwrap();
+        s.cut();
+        let r = c.at(b.addr()).get(Some(&cursor)).await;
+        assert_eq!(r.status, 200);
+        let rest = tokio::time::timeout(Duration::from_secs(60), r.sse().rest())
+            .await
+            .expect("the non-owner follows the owner to the answer");
+        let mut want = progress(3, 6);
+        want.push(format!("response {id}"));
+        assert_eq!(desc(&rest), want);
+        let r = c.get(Some(&cursor)).await;
+        assert_eq!(
+            r.sse().rest().await,
+            rest,
+            "the owner serves the same events"
+        );
+        let mut via_b = c.at(b.addr());
+        let (id2, mut s2) = via_b
+            .call("echo", json!({"text": "on the cluster"}), "E")
+            .await;
+        let evs = s2.rest().await;
+        assert_eq!(desc(&evs), [format!("response {id2}")]);
+        seen.push(c.session.clone());
+    }
+    // The sessions' keys are spread: more than one primary holds some.
+    let mut holders = 0;
+    for i in 0..3 {
+        let mut conn = ::redis::Client::open(cluster.url(i))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let n: u64 = ::redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+        if n > 0 {
+            holders += 1;
+        }
+    }
+    assert!(holders >= 2, "keys on {holders} primaries");
+    for p in pods {
+        p.stop().await;
+    }
+}
