@@ -900,3 +900,96 @@ async fn the_proxy_on_a_redis_cluster_of_three() {
         p.stop().await;
     }
 }
+
+/// 2026-07-28 tasks across replicas: a task runs on the replica that created it; `tasks/get` and
+/// `tasks/cancel` sent to another replica reach it (forwarded), so the answers are the owner's:
+/// `working` while it runs (never `failed` because another replica cannot see its upstream
+/// call), then `cancelled`; after it ended, any replica reads its outcome from Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_created_on_one_replica_is_polled_and_cancelled_on_another() {
+    use support::modern::{call, demo, headers, req};
+    use support::security::Target;
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = demo().await;
+    let keys = tempfile::tempdir().unwrap();
+    let secret = key_file(keys.path(), 0x66);
+    // One identity key: an ended task's owner is checked by any replica alike.
+    let ident = key_file(keys.path(), 0x67);
+    let mut pods = Vec::new();
+    let mut dirs = Vec::new();
+    for name in ["pod-a", "pod-b"] {
+        let dir = tempfile::tempdir().unwrap();
+        let (url, secret, ident, p) = (redis.url(), secret.clone(), ident.clone(), port());
+        pods.push(
+            start_in_process(&up.sse_url(), dir.path(), move |c| {
+                c.auth.key_file = Some(ident);
+                c.log.backend = Backend::Redis;
+                c.log.redis.url = url;
+                c.cluster.replica_id = name.into();
+                c.cluster.listen = format!("127.0.0.1:{p}");
+                c.cluster.secret_file = Some(secret);
+                c.tasks.mode = mcp_resume_proxy::config::TaskMode::Always;
+            })
+            .await,
+        );
+        dirs.push(dir);
+    }
+    let (a, b) = (Target::plain(pods[0].addr), Target::plain(pods[1].addr));
+    let task_op = |t: &Target, method: &'static str, task: &str| {
+        let msg = req(json!(2), method, json!({"taskId": task}), true);
+        let mut h: Vec<(String, String)> = headers(&msg, &None)
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        h.push(("mcp-name".into(), task.to_string()));
+        let t = t.clone();
+        async move {
+            let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let r = t.send("POST", "/mcp", &h, Some(&msg.to_string())).await;
+            assert_eq!(r.status, 200);
+            r.json().await
+        }
+    };
+    let slow = call(1, "count", json!({"n": 50, "interval_ms": 200}), true);
+    let r = support::modern::post(&a, &slow, None).await;
+    let v = r.json().await;
+    assert_eq!(v["result"]["resultType"], "task", "{v}");
+    let task = v["result"]["taskId"].as_str().unwrap().to_string();
+    // Polled on the other replica: the owner's live answer.
+    let g = task_op(&b, "tasks/get", &task).await;
+    assert_eq!(g["result"]["status"], "working", "{g}");
+    assert!(
+        g["result"]["statusMessage"].is_string(),
+        "the owner's live state (its progress), not a guess: {g}"
+    );
+    // Cancelled on the other replica: the owner cancels it.
+    let c = task_op(&b, "tasks/cancel", &task).await;
+    assert!(c.get("error").is_none(), "{c}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let g = task_op(&b, "tasks/get", &task).await;
+        if g["result"]["status"] == "cancelled" {
+            break;
+        }
+        assert_eq!(g["result"]["status"], "working", "{g}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never cancelled: {g}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // The owner agrees, and so does a read from Redis alone (a replica without forwarding).
+    let g = task_op(&a, "tasks/get", &task).await;
+    assert_eq!(g["result"]["status"], "cancelled", "{g}");
+    let forwarded = metric_value(
+        &pods[1].metrics.render(),
+        "mcp_resume_forwards_total{outcome=\"ok\"}",
+    );
+    assert!(
+        forwarded >= 2.0,
+        "the task methods went through the owner ({forwarded})"
+    );
+    for p in pods {
+        p.stop().await;
+    }
+}

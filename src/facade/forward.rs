@@ -40,13 +40,17 @@ const PEER: &str = "x-mcp-resume-peer";
 const SKEW_SECS: u64 = 30;
 /// The client request's headers the owner needs (the gate — `Origin`, `Host` — and the
 /// caller's identity were checked by the forwarding replica).
-const PASSED: [&str; 5] = [
+const PASSED: [&str; 7] = [
     "content-type",
     "accept",
     "mcp-session-id",
     "mcp-protocol-version",
     "last-event-id",
+    "mcp-method",
+    "mcp-name",
 ];
+/// And every `Mcp-Param-*` header (2026-07-28: the owner checks them against the body).
+const PASSED_PREFIX: &str = "mcp-param-";
 /// Bytes of a relayed non-stream answer at most.
 const MAX_ANSWER: usize = MAX_BODY + 64 * 1024;
 
@@ -137,8 +141,9 @@ impl Forwarder {
         let mut req = Request::builder()
             .method(method)
             .uri(format!("http://{addr}{pq}"));
-        for name in PASSED {
-            for v in headers.get_all(name) {
+        for (name, v) in headers {
+            let n = name.as_str();
+            if PASSED.contains(&n) || n.starts_with(PASSED_PREFIX) {
                 req = req.header(name, v);
             }
         }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use http::{header, HeaderMap, HeaderValue, Method, Request, StatusCode};
-use http_body_util::{Either, Full};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
 
@@ -44,7 +44,26 @@ pub async fn internal(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
     };
     let path = req.uri().path();
     if path == ctx.cfg.streamable.path {
+        let modern = req
+            .headers()
+            .get("mcp-protocol-version")
+            .is_some_and(|v| v.as_bytes() == modern::MODERN_VERSION.as_bytes());
         match *req.method() {
+            // A 2026-07-28 task method for a task this replica runs.
+            Method::POST if modern => {
+                let (parts, body) = req.into_parts();
+                let body = match body {
+                    Either::Right(full) => full
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default(),
+                    Either::Left(_) => bytes::Bytes::new(),
+                };
+                ctx.modern
+                    .post(&caller, &parts.headers, Some(modern::MODERN_VERSION), &body)
+                    .await
+            }
             Method::POST => streamable::post(&ctx, &caller, req).await,
             Method::GET => streamable::get(&ctx, &caller, req).await,
             Method::DELETE => streamable::delete(&ctx, &caller, req).await,
@@ -152,6 +171,32 @@ pub async fn select(ctx: &Arc<Ctx>, caller: &Caller, req: Request<Incoming>) -> 
     }
     if let Some(r) = modern::wire::media_refusal(&parts.headers) {
         return Era::Modern(modern::refusal_resp(&probed.id.unwrap_or(Value::Null), r));
+    }
+    // A task runs on the replica that created it (its upstream call is there): `tasks/get`,
+    // `tasks/update` and `tasks/cancel` of a task live on another replica go there.
+    if ctx.forward.is_some() {
+        let text = |n: &str| {
+            parts
+                .headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let (method, task) = (text("mcp-method"), text("mcp-name"));
+        if let (Some("tasks/get" | "tasks/update" | "tasks/cancel"), Some(task)) =
+            (method.as_deref(), task)
+        {
+            let probe = Request::from_parts(parts, ());
+            if let Some(addr) = ctx.owner_elsewhere(&probe, &task).await {
+                return Era::Modern(ctx.forward_to(&addr, caller, probe, body).await);
+            }
+            let (p, ()) = probe.into_parts();
+            return Era::Modern(
+                ctx.modern
+                    .post(caller, &p.headers, hv.as_deref(), &body)
+                    .await,
+            );
+        }
     }
     Era::Modern(
         ctx.modern

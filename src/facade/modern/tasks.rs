@@ -593,6 +593,11 @@ impl Tasks {
                 }
                 t["error"] = err;
             }
+            None if sl.ended().is_none() => {
+                // Running on another replica (read from the shared log without forwarding):
+                // its live state is there; here, only that it runs.
+                t["status"] = json!(TaskStatus::Working);
+            }
             None => {
                 // Ended (or being ended by recovery) without an outcome: the run that held it died.
                 t["status"] = json!(TaskStatus::Failed);
