@@ -308,3 +308,67 @@ async fn unverified_bodies_on_the_internal_listener_escape_the_body_budget() {
     a.stop().await;
     b.stop().await;
 }
+
+/// "A forwarded request is never forwarded again" holds only when the forward arrives on the
+/// internal listener: the mark is an extension set there, and nothing on the public listener
+/// refuses a request that already is a forward. With `cluster.advertise_addr` naming a public
+/// port — the Service address, a port mix-up in a values file: nothing in the config check
+/// catches it — a request for a session owned there is forwarded to a public listener, which
+/// forwards it again, and again: one client request becomes a chain of forwards that holds a
+/// connection per hop until `listen.max_connections` is full, then 504s. Here pod-a advertises
+/// pod-b's public port; one ping through pod-b is forwarded dozens of times.
+///
+/// Contract: design.md §13 (writes reach the owner: one forward, never a retry); the commit's
+/// "a forward is never forwarded again".
+#[ignore = "adversary16b: a forward that lands on a public listener is forwarded again; one request loops until max_connections"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_landing_on_a_public_listener_is_forwarded_again() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let keys = tempfile::tempdir().unwrap();
+    let secret = key_file(keys.path(), 0x77);
+    let ident = key_file(keys.path(), 0x33);
+    let public_b = port();
+    let mk = |name: &'static str, advertise: Option<u16>, public: Option<u16>| {
+        let (url, secret, ident) = (redis.url(), secret.clone(), ident.clone());
+        let internal = port();
+        move |c: &mut mcp_resume_proxy::config::Config| {
+            c.log.backend = Backend::Redis;
+            c.log.redis.url = url;
+            c.cluster.replica_id = name.into();
+            c.cluster.listen = format!("127.0.0.1:{internal}");
+            if let Some(p) = advertise {
+                c.cluster.advertise_addr = format!("127.0.0.1:{p}");
+            }
+            if let Some(p) = public {
+                c.listen.addr = format!("127.0.0.1:{p}");
+            }
+            c.cluster.secret_file = Some(secret);
+            c.cluster.forward_timeout_ms = 2000;
+            c.listen.max_connections = 40;
+            c.auth.key_file = Some(ident);
+        }
+    };
+    let a = Proxy::start(&up, mk("pod-a", Some(public_b), None)).await;
+    let b = Proxy::start(&up, mk("pod-b", None, Some(public_b))).await;
+    assert_eq!(b.addr().port(), public_b);
+    let (c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let via_b = c.at(b.addr());
+    let r = via_b
+        .post(&json!({"jsonrpc":"2.0","id":1,"method":"ping"}))
+        .await;
+    let status = r.status;
+    drop(r);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let m = b.metrics().await;
+    let forwards: f64 = ["ok", "error", "timeout"]
+        .iter()
+        .map(|o| metric_value(&m, &format!("mcp_resume_forwards_total{{outcome=\"{o}\"}}")))
+        .sum();
+    assert!(
+        forwards <= 1.0,
+        "one client request (answered {status}) was forwarded {forwards} times by pod-b"
+    );
+    a.stop().await;
+    b.stop().await;
+}
