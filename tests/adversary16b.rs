@@ -80,7 +80,6 @@ async fn pair(
 /// Contract: design.md §11b (memory per request bounded, body budget; "a proxy that one request
 /// cannot take down"), §13 (writes reach the owner), the public face's 408 after
 /// `listen.body_timeout_secs`.
-#[ignore = "adversary16b: unauthenticated slow bodies on the internal listener hold its slots forever; every forward then 504s"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unverified_slow_bodies_on_the_internal_listener_lock_out_every_forward() {
     let redis = RedisServer::start(Persist::AofAlways).await;
@@ -139,7 +138,10 @@ async fn unverified_slow_bodies_on_the_internal_listener_lock_out_every_forward(
 /// from the forwarding replica to the owner's internal listener, replacing `from` with `to` (same
 /// length) once it is told to. A real peer cannot tamper with a forward; this is the only way to
 /// show what the proof covers.
-async fn tampering_relay(target: SocketAddr, swap: Arc<Mutex<Option<(Vec<u8>, Vec<u8>)>>>) -> u16 {
+/// The bytes a relay replaces, and what it puts instead.
+type Swap = Arc<Mutex<Option<(Vec<u8>, Vec<u8>)>>>;
+
+async fn tampering_relay(target: SocketAddr, swap: Swap) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let p = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
@@ -197,13 +199,12 @@ async fn tampering_relay(target: SocketAddr, swap: Arc<Mutex<Option<(Vec<u8>, Ve
 ///
 /// Contract: design.md §13 "an HMAC over the whole request"; §2/§11 a request reaches the session
 /// it names.
-#[ignore = "adversary16b: the forward's HMAC does not cover Mcp-Session-Id; an on-path rewrite runs a call on another session"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_rewritten_in_flight_runs_on_another_session() {
     let redis = RedisServer::start(Persist::AofAlways).await;
     let up = fastmcp().await;
     let keys = tempfile::tempdir().unwrap();
-    let swap: Arc<Mutex<Option<(Vec<u8>, Vec<u8>)>>> = Arc::default();
+    let swap: Swap = Arc::default();
     // pod-a advertises the relay: forwards to it cross the attacker.
     let relay_target_port = port();
     let relay = tampering_relay(
@@ -224,22 +225,33 @@ async fn a_forward_rewritten_in_flight_runs_on_another_session() {
         c1.session.as_bytes().to_vec(),
         c2.session.as_bytes().to_vec(),
     ));
-    // Client 1's call lands on pod-b and is forwarded to pod-a through the attacker.
-    let mut via_b = c1.at(b.addr());
-    let (id, mut s) = via_b
-        .call("echo", json!({"text": "client 1's call"}), "T")
-        .await;
-    let evs = s.rest().await;
-    let last = evs.last().expect("an answer").json();
-    assert_eq!(last["id"], id, "{last}");
-    for e in &evs {
-        let eid = e.id.clone().unwrap_or_default();
+    // Client 1's call lands on pod-b and is forwarded to pod-a through the attacker: the
+    // owner refuses the rewritten forward (its MAC covers the session header) and runs nothing.
+    let via_b = c1.at(b.addr());
+    let call = json!({"jsonrpc":"2.0","id":7,"method":"tools/call",
+        "params":{"name":"echo","arguments":{"text":"client 1's call"}}});
+    let r = via_b.post(&call).await;
+    assert_eq!(
+        r.status, 404,
+        "a rewritten forward is refused like an unknown session"
+    );
+    assert_eq!(
+        a.metric("mcp_resume_forwards_total{outcome=\"refused\"}")
+            .await,
+        1.0
+    );
+    // Nothing of it was logged on the session the attacker named: its stream resumed from the
+    // start holds no answer to request 7.
+    *swap.lock().unwrap() = None;
+    let c2_first = format!("{}:1:1", c2.session);
+    let r = c2.get(Some(&c2_first)).await;
+    if r.status == 200 {
+        let evs = tokio::time::timeout(Duration::from_secs(3), r.sse().rest())
+            .await
+            .unwrap_or_default();
         assert!(
-            eid.starts_with(&c1.session),
-            "event {eid} of client 1's call (session {}) was logged on session {}: the forward \
-             was run on the session the attacker named",
-            c1.session,
-            c2.session
+            evs.iter().all(|e| e.is_priming() || e.json()["id"] != 7),
+            "client 1's call ran on client 2's session"
         );
     }
     a.stop().await;
@@ -268,7 +280,6 @@ fn rss() -> u64 {
 /// Contract: design.md §11b "Memory per request is bounded … Peak RSS under
 /// `listen.max_connections` worst-case bodies is documented and below the chart's limit"; the
 /// body budget (`listen.max_body_bytes_in_flight`) bounds the bodies held at once.
-#[ignore = "adversary16b: the internal listener buffers unverified bodies outside max_body_bytes_in_flight"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unverified_bodies_on_the_internal_listener_escape_the_body_budget() {
     let redis = RedisServer::start(Persist::AofAlways).await;
@@ -289,10 +300,18 @@ async fn unverified_bodies_on_the_internal_listener_escape_the_body_budget() {
         s.write_all(b"POST /mcp HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4194304\r\n\r\n")
             .await
             .unwrap();
-        for _ in 0..3 {
-            s.write_all(&chunk).await.unwrap();
+        // The owner may refuse the head at once and close (a broken pipe here): that is the
+        // fix, not a failure; whatever it took in stays counted below.
+        for i in 0..4 {
+            let part = if i < 3 {
+                &chunk[..]
+            } else {
+                &chunk[..1024 * 1024 - 1]
+            };
+            if s.write_all(part).await.is_err() {
+                break;
+            }
         }
-        s.write_all(&chunk[..1024 * 1024 - 1]).await.unwrap();
         held.push(s);
     }
     // Let the owner read what was sent.
@@ -320,7 +339,6 @@ async fn unverified_bodies_on_the_internal_listener_escape_the_body_budget() {
 ///
 /// Contract: design.md §13 (writes reach the owner: one forward, never a retry); the commit's
 /// "a forward is never forwarded again".
-#[ignore = "adversary16b: a forward that lands on a public listener is forwarded again; one request loops until max_connections"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forward_landing_on_a_public_listener_is_forwarded_again() {
     let redis = RedisServer::start(Persist::AofAlways).await;

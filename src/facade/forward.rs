@@ -14,7 +14,7 @@
 //! forward is never retried: a timeout is answered 504 and the client decides (a retry is a
 //! second tool call). A forwarded request is never forwarded again.
 
-use std::collections::HashMap;
+use std::collections::{HashSet, VecDeque};
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -36,6 +36,8 @@ const PROOF: &str = "x-mcp-resume-forward";
 const IDENTITY: &str = "x-mcp-resume-identity";
 const VERIFIED: &str = "x-mcp-resume-verified";
 const PEER: &str = "x-mcp-resume-peer";
+/// The body's SHA-256 (hex): the MAC covers it, so the head is checked before the body is read.
+const DIGEST: &str = "x-mcp-resume-digest";
 /// How far a forward's time may be from the owner's clock.
 const SKEW_SECS: u64 = 30;
 /// The client request's headers the owner needs (the gate — `Origin`, `Host` — and the
@@ -51,6 +53,11 @@ const PASSED: [&str; 7] = [
 ];
 /// And every `Mcp-Param-*` header (2026-07-28: the owner checks them against the body).
 const PASSED_PREFIX: &str = "mcp-param-";
+
+/// Is header `name` passed on to the owner (and covered by the MAC)?
+fn passed_on(name: &str) -> bool {
+    PASSED.contains(&name) || name.starts_with(PASSED_PREFIX)
+}
 /// Bytes of a relayed non-stream answer at most.
 const MAX_ANSWER: usize = MAX_BODY + 64 * 1024;
 
@@ -63,13 +70,16 @@ pub fn arrived_forwarded<B>(req: &Request<B>) -> bool {
     req.extensions().get::<Forwarded>().is_some()
 }
 
+/// Nonces seen, and in the order seen with their time (the oldest are forgotten first).
+type Nonces = (HashSet<String>, VecDeque<(u64, String)>);
+
 /// Signs, sends and checks forwards.
 pub struct Forwarder {
     key: ring::hmac::Key,
     client: Client<HttpConnector, Full<Bytes>>,
     timeout: Duration,
-    /// Nonces seen, with their time: forwards are accepted once.
-    seen: Mutex<HashMap<String, u64>>,
+    /// Nonces seen (and in the order seen, with their time): forwards are accepted once.
+    seen: Mutex<Nonces>,
     metrics: Metrics,
 }
 
@@ -94,27 +104,40 @@ impl Forwarder {
             key: ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret),
             client: Client::builder(TokioExecutor::new()).build(http),
             timeout,
-            seen: Mutex::new(HashMap::new()),
+            seen: Mutex::new((HashSet::new(), VecDeque::new())),
             metrics,
         }
     }
 
+    /// What the MAC covers: the method, the path and query, every header passed on (names and
+    /// the bytes of their values, in order), the caller's three fields, the body's digest, the
+    /// time and the nonce — the whole request as the owner will act on it.
     #[allow(clippy::too_many_arguments)]
     fn message(
         method: &Method,
         pq: &str,
+        headers: &HeaderMap,
         identity: &str,
         verified: &str,
         peer: &str,
-        body: &[u8],
+        digest: &str,
         time: u64,
         nonce: &str,
     ) -> String {
-        let digest = ring::digest::digest(&ring::digest::SHA256, body);
-        format!(
-            "mcp-resume-forward v1\n{method}\n{pq}\n{identity}\n{verified}\n{peer}\n{}\n{time}\n{nonce}",
-            hex::encode(digest)
-        )
+        let mut passed: Vec<(&str, String)> = headers
+            .iter()
+            .filter(|(n, _)| passed_on(n.as_str()))
+            .map(|(n, v)| (n.as_str(), hex::encode(v.as_bytes())))
+            .collect();
+        passed.sort();
+        let mut m = format!("mcp-resume-forward v2\n{method}\n{pq}\n");
+        for (n, v) in passed {
+            m.push_str(&format!("{n}:{v}\n"));
+        }
+        m.push_str(&format!(
+            "{identity}\n{verified}\n{peer}\n{digest}\n{time}\n{nonce}"
+        ));
+        m
     }
 
     /// Forwards a request to the owner at `addr` (`host:port` of its internal listener) and
@@ -134,23 +157,28 @@ impl Forwarder {
         let nonce = hex::encode(n);
         let (identity, verified) = (hexid(&caller.identity), hexid(&caller.verified));
         let peer = caller.peer.map(|p| p.to_string()).unwrap_or_default();
+        let digest = hex::encode(ring::digest::digest(&ring::digest::SHA256, &body));
+        let mut passed = HeaderMap::new();
+        for (name, v) in headers {
+            if passed_on(name.as_str()) {
+                passed.append(name.clone(), v.clone());
+            }
+        }
         let msg = Self::message(
-            &method, pq, &identity, &verified, &peer, &body, time, &nonce,
+            &method, pq, &passed, &identity, &verified, &peer, &digest, time, &nonce,
         );
         let mac = hex::encode(ring::hmac::sign(&self.key, msg.as_bytes()));
         let mut req = Request::builder()
             .method(method)
             .uri(format!("http://{addr}{pq}"));
-        for (name, v) in headers {
-            let n = name.as_str();
-            if PASSED.contains(&n) || n.starts_with(PASSED_PREFIX) {
-                req = req.header(name, v);
-            }
+        if let Some(h) = req.headers_mut() {
+            h.extend(passed);
         }
         let req = req
             .header(IDENTITY, identity)
             .header(VERIFIED, verified)
             .header(PEER, peer)
+            .header(DIGEST, digest)
             .header(PROOF, format!("{time} {nonce} {mac}"))
             .body(Full::new(body));
         let req = match req {
@@ -189,8 +217,10 @@ impl Forwarder {
         }
     }
 
-    /// The caller a forward speaks for, if its proof holds (MAC, time, a nonce not seen).
-    pub fn verify(&self, parts: &http::request::Parts, body: &[u8]) -> Option<Caller> {
+    /// Checks a forward's head, before a byte of its body is read: the MAC over everything but
+    /// the body (whose digest it covers), the time, a nonce not seen (each is accepted once).
+    /// The caller it speaks for and the body's digest, if it holds.
+    pub fn verify_head(&self, parts: &http::request::Parts) -> Option<(Caller, String)> {
         let h = &parts.headers;
         let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).unwrap_or("");
         let mut proof = get(PROOF).splitn(3, ' ');
@@ -202,33 +232,51 @@ impl Forwarder {
             return None;
         }
         let pq = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let (identity, verified, peer) = (get(IDENTITY), get(VERIFIED), get(PEER));
+        let (identity, verified, peer, digest) =
+            (get(IDENTITY), get(VERIFIED), get(PEER), get(DIGEST));
+        if digest.len() != 64 {
+            return None;
+        }
         let msg = Self::message(
             &parts.method,
             pq,
+            h,
             identity,
             verified,
             peer,
-            body,
+            digest,
             time,
             &nonce,
         );
         ring::hmac::verify(&self.key, msg.as_bytes(), &mac).ok()?;
         {
             let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
-            seen.retain(|_, t| now.abs_diff(*t) <= 2 * SKEW_SECS);
-            if seen.insert(nonce, time).is_some() {
+            // Oldest first: what is past the window goes, the rest is not looked at.
+            while seen
+                .1
+                .front()
+                .is_some_and(|(t, _)| now.saturating_sub(*t) > 2 * SKEW_SECS)
+            {
+                if let Some((_, n)) = seen.1.pop_front() {
+                    seen.0.remove(&n);
+                }
+            }
+            if !seen.0.insert(nonce.clone()) {
                 return None;
             }
+            seen.1.push_back((now, nonce));
         }
         let id = |s: &str| (!s.is_empty()).then(|| Identity::from_hex(s)).flatten();
-        Some(Caller {
-            identity: id(identity),
-            verified: id(verified),
-            peer: (!peer.is_empty())
-                .then(|| peer.parse::<IpAddr>().ok())
-                .flatten(),
-        })
+        Some((
+            Caller {
+                identity: id(identity),
+                verified: id(verified),
+                peer: (!peer.is_empty())
+                    .then(|| peer.parse::<IpAddr>().ok())
+                    .flatten(),
+            },
+            digest.to_string(),
+        ))
     }
 
     /// Counts a forward this replica refused.
@@ -284,31 +332,44 @@ async fn relay(resp: Response<Incoming>, metrics: &Metrics) -> Resp {
     out
 }
 
-/// Reads a forwarded request's body (bounded) and checks its proof: the request, marked
-/// [`Forwarded`], with its body read, and the caller it speaks for; `Err` is the answer.
+/// Checks a forwarded request's proof, then reads its body (bounded in size and time, as a
+/// client's) and checks it against the digest the proof covers: the request, marked
+/// [`Forwarded`], with its body read, and the caller it speaks for; `Err` is the answer. A
+/// request whose head does not hold is refused before a byte of its body is read.
 pub async fn accept(
     fw: &Forwarder,
     req: Request<Incoming>,
-) -> Result<(Request<super::http::LegacyBody>, Caller), Resp> {
+    body_timeout: Duration,
+) -> Result<(Request<super::http::LegacyBody>, Caller), Box<Resp>> {
     let (mut parts, body) = req.into_parts();
-    let Ok(body) = Limited::new(body, MAX_BODY).collect().await else {
+    let refuse = |why: &str, path: &str| {
         fw.refused();
-        return Err(error_response(&Error::UnknownSession, None));
+        tracing::warn!(path, why, "a forward was refused");
+        Err(Box::new(error_response(&Error::UnknownSession, None)))
+    };
+    let Some((caller, digest)) = fw.verify_head(&parts) else {
+        return refuse("its proof does not hold", parts.uri.path());
+    };
+    let read = tokio::time::timeout(body_timeout, Limited::new(body, MAX_BODY).collect()).await;
+    let Ok(Ok(body)) = read else {
+        return refuse("its body did not arrive whole in time", parts.uri.path());
     };
     let body = body.to_bytes();
-    let Some(caller) = fw.verify(&parts, &body) else {
-        fw.refused();
-        tracing::warn!(
-            path = parts.uri.path(),
-            "a forward whose proof does not hold was refused"
-        );
-        return Err(error_response(&Error::UnknownSession, None));
-    };
+    if hex::encode(ring::digest::digest(&ring::digest::SHA256, &body)) != digest {
+        return refuse("its body is not the one signed", parts.uri.path());
+    }
     parts.extensions.insert(Forwarded);
     Ok((
         Request::from_parts(parts, Either::Right(Full::new(body))),
         caller,
     ))
+}
+
+/// Does `req` carry a forward's proof? Such a request — arrived forwarded, or a forward that
+/// landed on the public listener (an advertised address that is not the internal listener) — is
+/// never forwarded again.
+pub fn carries_proof<B>(req: &Request<B>) -> bool {
+    arrived_forwarded(req) || req.headers().contains_key(PROOF)
 }
 
 /// The plain 404 of the internal listener for anything but a forward.
@@ -324,30 +385,40 @@ mod tests {
         Forwarder::new(&[secret; 32], Duration::from_secs(1), Metrics::new())
     }
 
-    /// A forward's parts as the owner receives them.
+    /// A forward's head as the owner receives it (session `s1`, body `body`).
     fn signed(f: &Forwarder, body: &[u8], time: u64, nonce: &str) -> http::request::Parts {
         let caller_id = "ab".repeat(32);
+        let digest = hex::encode(ring::digest::digest(&ring::digest::SHA256, body));
+        let (mut parts, ()) = Request::builder()
+            .method(Method::POST)
+            .uri("/mcp")
+            .header("mcp-session-id", "s1")
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap()
+            .into_parts();
         let msg = Forwarder::message(
             &Method::POST,
             "/mcp",
+            &parts.headers,
             &caller_id,
             "",
             "10.0.0.7",
-            body,
+            &digest,
             time,
             nonce,
         );
         let mac = hex::encode(ring::hmac::sign(&f.key, msg.as_bytes()));
-        let (parts, ()) = Request::builder()
-            .method(Method::POST)
-            .uri("/mcp")
-            .header(IDENTITY, caller_id)
-            .header(VERIFIED, "")
-            .header(PEER, "10.0.0.7")
-            .header(PROOF, format!("{time} {nonce} {mac}"))
-            .body(())
-            .unwrap()
-            .into_parts();
+        let h = &mut parts.headers;
+        for (n, v) in [
+            (IDENTITY, caller_id),
+            (VERIFIED, String::new()),
+            (PEER, "10.0.0.7".into()),
+            (DIGEST, digest),
+            (PROOF, format!("{time} {nonce} {mac}")),
+        ] {
+            h.insert(n, HeaderValue::from_str(&v).unwrap());
+        }
         parts
     }
 
@@ -355,34 +426,48 @@ mod tests {
     fn a_forward_is_accepted_once_and_only_as_signed() {
         let f = fw(1);
         let now = crate::log::unix_now();
-        let nonce = "0f".repeat(16);
-        let p = signed(&f, b"{}", now, &nonce);
-        let c = f.verify(&p, b"{}").expect("a signed forward");
+        let p = signed(&f, b"{}", now, &"0f".repeat(16));
+        let (c, digest) = f.verify_head(&p).expect("a signed forward");
         assert_eq!(c.identity.unwrap().to_hex(), "ab".repeat(32));
         assert!(c.verified.is_none());
         assert_eq!(c.peer, Some("10.0.0.7".parse().unwrap()));
+        assert_eq!(
+            digest,
+            hex::encode(ring::digest::digest(&ring::digest::SHA256, b"{}"))
+        );
         // Replayed: refused.
-        assert!(f.verify(&p, b"{}").is_none());
-        // Another body, another key, a stale or future time: refused.
-        let p = signed(&f, b"{}", now, &"1f".repeat(16));
-        assert!(f.verify(&p, b"{\"x\":1}").is_none());
+        assert!(f.verify_head(&p).is_none());
+        // Another key, a stale or future time: refused.
         let p = signed(&fw(2), b"{}", now, &"2f".repeat(16));
-        assert!(f.verify(&p, b"{}").is_none());
+        assert!(f.verify_head(&p).is_none());
         for t in [now - SKEW_SECS - 5, now + SKEW_SECS + 5] {
             let p = signed(&f, b"{}", t, &"3f".repeat(16));
-            assert!(f.verify(&p, b"{}").is_none());
+            assert!(f.verify_head(&p).is_none());
         }
-        // A header changed after signing (another identity): refused.
-        let mut p = signed(&f, b"{}", now, &"4f".repeat(16));
-        p.headers
-            .insert(IDENTITY, HeaderValue::from_str(&"cd".repeat(32)).unwrap());
-        assert!(f.verify(&p, b"{}").is_none());
+        // Anything signed changed on the way: another identity, another session, another
+        // body digest, a header added that is passed on.
+        let changes: [(&str, &str); 4] = [
+            (IDENTITY, "cd"),
+            ("mcp-session-id", "s2"),
+            (DIGEST, "00"),
+            ("last-event-id", "s1:1:1"),
+        ];
+        for (i, (name, value)) in changes.into_iter().enumerate() {
+            let mut p = signed(&f, b"{}", now, &format!("{i:032}"));
+            let v = if name == IDENTITY || name == DIGEST {
+                value.repeat(32)
+            } else {
+                value.to_string()
+            };
+            p.headers.insert(name, HeaderValue::from_str(&v).unwrap());
+            assert!(f.verify_head(&p).is_none(), "{name} changed");
+        }
         // No proof at all.
         let (p, ()) = Request::builder()
             .uri("/mcp")
             .body(())
             .unwrap()
             .into_parts();
-        assert!(f.verify(&p, b"").is_none());
+        assert!(f.verify_head(&p).is_none());
     }
 }

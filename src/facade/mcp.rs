@@ -38,9 +38,10 @@ pub async fn internal(ctx: Arc<Ctx>, req: Request<Incoming>) -> Resp {
     let Some(fw) = ctx.forward.clone() else {
         return super::forward::not_found();
     };
-    let (req, caller) = match super::forward::accept(&fw, req).await {
+    let timeout = ctx.cfg.listen.body_timeout();
+    let (req, caller) = match super::forward::accept(&fw, req, timeout).await {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let path = req.uri().path();
     if path == ctx.cfg.streamable.path {

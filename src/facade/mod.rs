@@ -119,7 +119,7 @@ impl Ctx {
     /// is live there, and `req` did not itself arrive forwarded.
     pub async fn owner_elsewhere<B>(&self, req: &::http::Request<B>, id: &str) -> Option<String> {
         self.forward.as_ref()?;
-        if forward::arrived_forwarded(req) {
+        if forward::carries_proof(req) {
             return None;
         }
         let id = crate::log::cursor::SessionId::parse(id.trim())?;
