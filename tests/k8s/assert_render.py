@@ -9,7 +9,6 @@ them merged over the chart's values.yaml, so every scenario checks its own setti
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import sys
 import tomllib
@@ -77,13 +76,24 @@ def derived_config(v: dict) -> dict[tuple[str, str], object]:
         ("tls", "key_file"): f"{SECRETS_DIR}/tls/tls.key" if v["tls"]["secretName"] else None,
         ("tls", "client_ca_file"): f"{SECRETS_DIR}/client-ca/ca.crt" if v["tls"]["clientCaSecretName"] else None,
         ("auth", "jwks_file"): f"{SECRETS_DIR}/jwks/jwks.json" if jwks(v) else None,
-        ("auth", "key_file"): None,
-        ("log.redis", "url_file"): None,
+        ("auth", "key_file"): f"{SECRETS_DIR}/keys/identity.key" if v["proxy"]["cluster"]["keysSecret"]["name"] else None,
+        ("log.redis", "url_file"): f"{SECRETS_DIR}/redis/url" if redis_on(v) and redis_url_secret(v) else None,
         ("cluster", "replica_id"): None,
-        ("cluster", "listen"): None,
+        ("cluster", "listen"): f"0.0.0.0:{v['proxy']['cluster']['internalPort']}" if forwarding(v) else None,
         ("cluster", "advertise_addr"): None,
-        ("cluster", "secret_file"): None,
+        ("cluster", "secret_file"): f"{SECRETS_DIR}/keys/forwarding.key" if forwarding(v) else None,
     }
+
+
+def redis_url_secret(v: dict) -> tuple[str, str, str] | None:
+    """(kind, name, key) of the Redis URL's Secret (proxy.redis.urlSecret), or None."""
+    u = v["proxy"]["redis"]["urlSecret"]
+    return ("secret", u["name"], u["key"]) if u["name"] else None
+
+
+def forwarding(v: dict) -> bool:
+    """The internal listener is on (proxy.cluster.forwarding)."""
+    return bool(v["proxy"]["cluster"]["forwarding"])
 
 
 def jwks(v: dict) -> tuple[str, str, str] | None:
@@ -112,17 +122,23 @@ def check_files(c: Checks, cfg: dict, v: dict, proxy: dict, server: dict, volume
     """Each file the config names is in a read-only volume of the proxy container, projected from
     the Secret or ConfigMap key the values name; nothing of it reaches the MCP server container."""
     tls = v["tls"]
+    keys = v["proxy"]["cluster"]["keysSecret"]
     sources = {
         ("tls", "cert_file"): ("secret", tls["secretName"], "tls.crt"),
         ("tls", "key_file"): ("secret", tls["secretName"], "tls.key"),
         ("tls", "client_ca_file"): ("secret", tls["clientCaSecretName"], tls["clientCaKey"]),
         ("upstream", "ca_file"): upstream_ca(v),
         ("auth", "jwks_file"): jwks(v),
+        ("log.redis", "url_file"): redis_url_secret(v),
+        ("auth", "key_file"): ("secret", keys["name"], keys["identityKey"]),
+        ("cluster", "secret_file"): ("secret", keys["name"], keys["forwardingKey"]),
     }
+    # Files holding secrets: the TLS key, the Redis URL (maybe with a password), the shared keys.
+    secret_files = {("tls", "key_file"), ("log.redis", "url_file"), ("auth", "key_file"), ("cluster", "secret_file")}
     mounts = proxy.get("volumeMounts", [])
     used = set()
     for (section, key), source in sources.items():
-        path = cfg.get(section, {}).get(key)
+        path = table_of(cfg, section).get(key)
         if path is None:
             continue
         what = f"{section}.{key} ({path})"
@@ -140,15 +156,17 @@ def check_files(c: Checks, cfg: dict, v: dict, proxy: dict, server: dict, volume
         c.eq(src.get("secretName" if kind == "secret" else "name"), name, f"{what}: volume {mount['name']} is {kind} {name}")
         c.eq([i for i in src.get("items", []) if i.get("path") == filename], [{"key": item, "path": filename}],
              f"{what}: the file is key {item} of {kind} {name}")
-        if key == "key_file":
+        if (section, key) in secret_files:
             mode = src.get("defaultMode")
-            c.check(mode is not None and mode & 0o7 == 0, f"{what}: the private key is not world-readable (mode {mode!r})")
+            c.check(mode is not None and mode & 0o7 == 0, f"{what}: the secret is not world-readable (mode {mode!r})")
+            # The proxy refuses key files writable by the group or open to others (0440/0640 pass).
+            c.check(mode is not None and mode & 0o27 == 0, f"{what}: mode {mode!r} passes the proxy's key file check")
             c.check(v["podSecurityContext"].get("fsGroup") is not None and mode is not None and mode & 0o40,
                     f"{what}: readable through the pod's fsGroup")
     c.eq(sorted(n for n in (m["name"] for m in mounts) if n not in ("config", "data")), sorted(used),
          "the proxy mounts no other volume than config, data and the files its config names")
     server_mounts = {m["name"] for m in server.get("volumeMounts", [])}
-    c.check(not (server_mounts & used), "the MCP server container mounts none of the TLS volumes")
+    c.check(not (server_mounts & used), "the MCP server container mounts none of the Secret volumes")
     c.eq(sorted(n for n in volumes if volumes[n].get("secret") and n != "config"),
          sorted(n for n in used if volumes[n].get("secret")), "no Secret volume without a use")
 
@@ -157,18 +175,12 @@ def redis_on(v: dict) -> bool:
     return v["proxy"]["config"]["log"]["backend"] == "redis"
 
 
-def config_text(c: Checks, kinds: dict, vol: dict, redis: bool) -> str | None:
-    """config.toml from the ConfigMap the config volume names, or (log.backend = "redis": the file
-    holds log.redis.url, maybe with a password) from the Secret, mode 0440 for the fsGroup."""
-    if redis:
-        name = vol.get("secret", {}).get("secretName")
-        found = {s["metadata"]["name"]: s for s in kinds.get("Secret", [])}.get(name)
-        if not c.check(found is not None and "configMap" not in vol, f"config volume is a rendered Secret with log.backend redis ({name})"):
-            return None
-        c.eq(vol["secret"].get("defaultMode"), 0o440, "config Secret volume mode 0440 (the pod's fsGroup reads it)")
-        c.check("config.toml" not in "".join(str(cm.get("data")) for cm in kinds.get("ConfigMap", [])),
-                "no ConfigMap holds the config (it names the Redis URL)")
-        return base64.b64decode(found.get("data", {}).get("config.toml", "")).decode()
+def config_text(c: Checks, kinds: dict, vol: dict, v: dict) -> str | None:
+    """config.toml from the ConfigMap the config volume names (with any backend: the file holds no
+    secret, the Redis URL with a password comes from proxy.redis.urlSecret)."""
+    c.check("Secret" not in kinds, "the chart renders no Secret (secrets come from the user's Secrets)")
+    url = v["proxy"]["config"]["log"]["redis"]["url"]
+    c.check("@" not in url, f"the inline Redis URL carries no credentials ({url!r})")
     name = vol.get("configMap", {}).get("name")
     found = {cm["metadata"]["name"]: cm for cm in kinds.get("ConfigMap", [])}.get(name)
     if not c.check(found is not None, f"config volume refers to a rendered ConfigMap ({name})"):
@@ -282,7 +294,18 @@ def main() -> int:
     client_port = "https" if tls_on else "http"
     c.eq(port_number(proxy, client_port), v["proxy"]["port"], f"proxy client port (named {client_port})")
     c.eq(port_number(proxy, "admin"), v["proxy"]["adminPort"], "proxy admin port")
-    c.eq(sorted(p["name"] for p in proxy.get("ports", [])), sorted([client_port, "admin"]), "proxy port names")
+    c.eq(sorted(p["name"] for p in proxy.get("ports", [])), sorted([client_port, "admin"] + (["cluster"] if forwarding(v) else [])),
+         "proxy port names (the internal port with forwarding)")
+    if forwarding(v):
+        c.eq(port_number(proxy, "cluster"), v["proxy"]["cluster"]["internalPort"], "proxy internal port (cluster.listen)")
+    # cluster.listen = 0.0.0.0:<port> is advertised as $POD_IP:<port>: POD_IP from the downward API.
+    env = {e["name"]: e for e in proxy.get("env", [])}
+    if forwarding(v):
+        c.eq(env.get("POD_IP", {}).get("valueFrom"), {"fieldRef": {"fieldPath": "status.podIP"}},
+             "proxy env POD_IP from the downward API (status.podIP)")
+    else:
+        c.check("POD_IP" not in env, "no POD_IP without forwarding")
+    c.eq([e for e in proxy.get("env", []) if e["name"] != "POD_IP"], v["proxy"]["env"], "proxy env from proxy.env")
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"), ("startupProbe", "/healthz")):
         get = proxy.get(probe, {}).get("httpGet", {})
         c.eq(get.get("path"), path, f"proxy {probe} path")
@@ -296,7 +319,7 @@ def main() -> int:
     c.check(mounts.get("config", {}).get("readOnly") is True, "config volume is mounted read-only")
     volumes = {vol["name"]: vol for vol in pod.get("volumes", [])}
     cfg: dict = {}
-    text = config_text(c, kinds, volumes.get("config", {}), redis_on(v))
+    text = config_text(c, kinds, volumes.get("config", {}), v)
     if text is not None:
         cfg = check_config(c, text, v)
         c.check(pod_meta.get("annotations", {}).get("checksum/config"), "pod template carries checksum/config")
@@ -377,8 +400,20 @@ def main() -> int:
             c.check(matches(np["spec"]["podSelector"]["matchLabels"], pod_labels), "NetworkPolicy selects the pods")
             c.eq(np["spec"]["policyTypes"], ["Ingress"], "NetworkPolicy policy types")
             allowed = sorted(port_number(proxy, p["port"]) for rule in np["spec"]["ingress"] for p in rule["ports"])
-            c.eq(allowed, sorted([v["proxy"]["port"], v["proxy"]["adminPort"]]),
+            internal = [v["proxy"]["cluster"]["internalPort"]] if forwarding(v) else []
+            c.eq(allowed, sorted([v["proxy"]["port"], v["proxy"]["adminPort"], *internal]),
                  "NetworkPolicy admits only the proxy's ports (not the MCP server's)")
+            cluster_rules = [r for r in np["spec"]["ingress"] if any(p["port"] == "cluster" for p in r["ports"])]
+            if forwarding(v):
+                c.eq(len(cluster_rules), 1, "one NetworkPolicy rule for the internal port")
+                rule = cluster_rules[0] if cluster_rules else {}
+                c.eq(rule.get("ports"), [{"port": "cluster", "protocol": "TCP"}], "the internal port's rule names only it")
+                peers = rule.get("from", [])
+                c.eq([sorted(p) for p in peers], [["podSelector"]], "the internal port admits one podSelector peer (no namespaceSelector: this namespace)")
+                c.eq(peers[0]["podSelector"].get("matchLabels") if peers else None, wl["spec"]["selector"]["matchLabels"],
+                     "the internal port admits exactly this release's pods (the workload's selector labels)")
+            else:
+                c.eq(cluster_rules, [], "no internal port rule without forwarding")
             metrics_rule = next((r for r in np["spec"]["ingress"] if r["ports"][0]["port"] == "admin"), {})
             c.eq(metrics_rule.get("from", []), v["networkPolicy"]["metricsFrom"], "admin port peers")
     else:
@@ -455,7 +490,7 @@ def main() -> int:
                 f"{d['kind']}/{d['metadata']['name']} has the standard labels")
     c.check({d["kind"] for d in docs} - CRD_KINDS <= {
         "ConfigMap", "Service", "ServiceAccount", "Deployment", "StatefulSet",
-        "PodDisruptionBudget", "NetworkPolicy", *(["Secret"] if redis_on(v) else [])}, "only expected kinds are rendered")
+        "PodDisruptionBudget", "NetworkPolicy"}, "only expected kinds are rendered")
     return c.done()
 
 

@@ -218,10 +218,11 @@ CONFIG_DEFAULTS = {
 }
 # Keys the chart sets itself (not values under proxy.config): the listeners' addresses from the
 # ports, the log on the data volume, and the TLS files from the mounted Secrets. upstream.sse_url
-# is derived too, unless proxy.config.upstream.sse_url is set. So are the shared keys of several
-# replicas on Redis: the key files from the mounted keys Secret, the internal listener from
-# cluster.port, and the replica's name and advertised address, which differ per pod and so are
-# left to the proxy's defaults (from the pod's host name; chart README, "Several replicas").
+# is derived too, unless proxy.config.upstream.sse_url is set. So are those of several replicas
+# on Redis: the URL file from proxy.redis.urlSecret, the key files from proxy.cluster.keysSecret,
+# the internal listener from proxy.cluster.forwarding and internalPort, and the replica's name and
+# advertised address, which differ per pod and so are left to the proxy's defaults (the pod's
+# host name; $POD_IP with the internal port; chart README, "Several replicas on Redis").
 CONFIG_DERIVED = {
     ("listen", "addr"),
     ("admin", "addr"),

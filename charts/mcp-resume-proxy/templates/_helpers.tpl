@@ -58,6 +58,17 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* Where the TLS Secrets (and the upstream CA) are mounted, one directory each. */}}
 {{- define "mcp-resume-proxy.secretsDir" -}}/var/run/secrets/mcp-resume-proxy{{- end }}
 
+{{/* Non-empty with proxy.config.log.backend = "redis". */}}
+{{- define "mcp-resume-proxy.redis" -}}
+{{- if eq (.Values.proxy.config.log.backend | default "local") "redis" }}true{{ end }}
+{{- end }}
+
+{{/* Non-empty when the internal listener is on (proxy.cluster.forwarding): cluster.listen, the
+container port "cluster", env POD_IP, the NetworkPolicy rule for the chart's own pods. */}}
+{{- define "mcp-resume-proxy.forwarding" -}}
+{{- if .Values.proxy.cluster.forwarding }}true{{ end }}
+{{- end }}
+
 {{/* Name of the proxy's client port: https when it speaks TLS. */}}
 {{- define "mcp-resume-proxy.clientPortName" -}}
 {{- if .Values.tls.secretName }}https{{ else }}http{{ end }}
@@ -126,5 +137,34 @@ Checks that values which would only fail at run time fail at render time instead
 {{- end -}}
 {{- if and $tls.secretName (not .Values.podSecurityContext.fsGroup) -}}
 {{- fail "tls.secretName needs podSecurityContext.fsGroup (default 65532): the key file is mounted with mode 0440, readable by that group" -}}
+{{- end -}}
+{{- $redisUrl := .Values.proxy.redis.urlSecret -}}
+{{- $keys := .Values.proxy.cluster.keysSecret -}}
+{{- if include "mcp-resume-proxy.redis" . -}}
+{{- if and $redisUrl.name $c.log.redis.url -}}
+{{- fail "set proxy.redis.urlSecret.name or proxy.config.log.redis.url, not both (the proxy refuses log.redis.url_file with log.redis.url)" -}}
+{{- end -}}
+{{- if not (or $redisUrl.name $c.log.redis.url) -}}
+{{- fail "proxy.config.log.backend = redis needs the Redis URL: proxy.redis.urlSecret.name (a Secret holding it; use this for a URL with a password) or proxy.config.log.redis.url" -}}
+{{- end -}}
+{{- else if $redisUrl.name -}}
+{{- fail "proxy.redis.urlSecret needs proxy.config.log.backend = redis" -}}
+{{- end -}}
+{{- if contains "@" ($c.log.redis.url | default "") -}}
+{{- fail "proxy.config.log.redis.url must not carry credentials (it is rendered into a ConfigMap): put the URL in a Secret and name it in proxy.redis.urlSecret" -}}
+{{- end -}}
+{{- if include "mcp-resume-proxy.forwarding" . -}}
+{{- if not (include "mcp-resume-proxy.redis" .) -}}
+{{- fail "proxy.cluster.forwarding needs proxy.config.log.backend = redis (writes are forwarded to the replica owning the session on Redis)" -}}
+{{- end -}}
+{{- if not $keys.name -}}
+{{- fail "proxy.cluster.forwarding needs proxy.cluster.keysSecret.name (forwards are signed with its forwarding secret, cluster.secret_file)" -}}
+{{- end -}}
+{{- if ne (len (uniq (append $ports (int .Values.proxy.cluster.internalPort)))) 4 -}}
+{{- fail (printf "proxy.cluster.internalPort (%d) must differ from mcpServer.port, proxy.port and proxy.adminPort" (int .Values.proxy.cluster.internalPort)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (or $redisUrl.name $keys.name) (not .Values.podSecurityContext.fsGroup) -}}
+{{- fail "proxy.redis.urlSecret and proxy.cluster.keysSecret need podSecurityContext.fsGroup (default 65532): their files are mounted with mode 0440, readable by that group" -}}
 {{- end -}}
 {{- end }}
