@@ -94,8 +94,8 @@ impl Profile {
         }
     }
 
-    /// `CHAOS_PROFILE` (`short`, default, or `long`), with `CHAOS_SECS` / `CHAOS_WORKERS`
-    /// overrides.
+    /// `CHAOS_PROFILE` (`short`, default, or `long`), with `CHAOS_SECS`, `CHAOS_WORKERS`,
+    /// `CHAOS_POD_KILLS`, `CHAOS_POD_PAUSES` and `CHAOS_REDIS_KILLS` overrides.
     pub fn from_env() -> Self {
         let name = std::env::var("CHAOS_PROFILE").unwrap_or_else(|_| "short".into());
         let mut p = match name.as_str() {
@@ -108,6 +108,15 @@ impl Profile {
         }
         if let Some(w) = env_u64("CHAOS_WORKERS") {
             p.workers = w;
+        }
+        if let Some(n) = env_u64("CHAOS_POD_KILLS") {
+            p.pod_kills = n as u32;
+        }
+        if let Some(n) = env_u64("CHAOS_POD_PAUSES") {
+            p.pod_pauses = n as u32;
+        }
+        if let Some(n) = env_u64("CHAOS_REDIS_KILLS") {
+            p.redis_kills = n as u32;
         }
         p
     }
@@ -1404,6 +1413,24 @@ async fn check_redis(sh: &Shared, url: &str) {
                     Violation::SilentGap,
                     format!("session {sid}: the log ends at {ps}, its head is {}", rec.ranges.head),
                 );
+            }
+        }
+        if rec.ended.is_some() {
+            // An ended session has answered everything it took (I6): nothing is left in flight.
+            match log.inflight(&id).await {
+                Ok(left) if !left.is_empty() => sh.violation(
+                    Violation::Hung,
+                    format!(
+                        "session {sid}: ended ({:?}) with requests still in flight on Redis, never answered: {:?}",
+                        rec.ended,
+                        left.iter().map(|(r, _)| r.as_str()).collect::<Vec<_>>()
+                    ),
+                ),
+                Ok(_) => {}
+                Err(e) => sh.violation(
+                    Violation::Protocol,
+                    format!("after the run: in-flight of {sid}: {e}"),
+                ),
             }
         }
         if rec.ended.is_some() != end_at.is_some() {
