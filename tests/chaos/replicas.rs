@@ -353,7 +353,11 @@ impl Cluster {
     fn spawn_upstream(&mut self, i: usize) {
         let p = &self.pods[i];
         let child = Command::new(&self.bin)
-            .args(["demo-upstream", "--at", &format!("127.0.0.1:{}", p.upstream)])
+            .args([
+                "demo-upstream",
+                "--at",
+                &format!("127.0.0.1:{}", p.upstream),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_to(&self.dir.join(format!("{}.upstream.log", p.name))))
@@ -418,7 +422,8 @@ impl Cluster {
                     if self.start_proxy(i).await {
                         sh.mark_fault();
                     } else {
-                        self.pods[i].state = PodState::Down(Instant::now() + Duration::from_secs(1));
+                        self.pods[i].state =
+                            PodState::Down(Instant::now() + Duration::from_secs(1));
                     }
                 }
                 PodState::Paused(at) if now >= at => {
@@ -476,7 +481,10 @@ impl Cluster {
                 format!(
                     "{} exited on its own: {st:?}; its log:\n{}",
                     self.pods[i].name,
-                    tail(&self.dir.join(format!("{}.proxy.log", self.pods[i].name)), 15)
+                    tail(
+                        &self.dir.join(format!("{}.proxy.log", self.pods[i].name)),
+                        15
+                    )
                 ),
             );
         }
@@ -549,7 +557,10 @@ async fn controller(
         let running = cl.running();
         match kind {
             FaultKind::PodKill | FaultKind::PodPause if running.len() < 2 => {
-                log.push(format!("skipped {kind:?}@{:.1}s (one pod up)", sh.at(Instant::now())));
+                log.push(format!(
+                    "skipped {kind:?}@{:.1}s (one pod up)",
+                    sh.at(Instant::now())
+                ));
             }
             FaultKind::PodKill => {
                 let i = running[rng.range(0, running.len() as u64 - 1) as usize];
@@ -818,7 +829,10 @@ fn posted(sh: &Shared, s: &mut Sess, id: u64, pod: usize, r: Posted) {
             if st < 500 {
                 sh.violation(
                     Violation::Protocol,
-                    format!("session {}: POST of request {id} answered {st}: {text}", s.sid),
+                    format!(
+                        "session {}: POST of request {id} answered {st}: {text}",
+                        s.sid
+                    ),
                 );
             }
             s.soft_done = true;
@@ -860,7 +874,10 @@ fn on_event(sh: &Shared, s: &mut Sess, ev: &SseEvent) {
     let Some(id) = ev.id.as_deref() else {
         sh.violation(
             Violation::Protocol,
-            format!("session {}: an event without an id mid-stream: {ev:?}", s.sid),
+            format!(
+                "session {}: an event without an id mid-stream: {ev:?}",
+                s.sid
+            ),
         );
         return;
     };
@@ -949,7 +966,10 @@ fn on_event(sh: &Shared, s: &mut Sess, ev: &SseEvent) {
     let Some(req) = s.reqs.remove(&rid) else {
         sh.violation(
             Violation::Protocol,
-            format!("session {}: an answer to request {rid}, never sent ({id})", s.sid),
+            format!(
+                "session {}: an answer to request {rid}, never sent ({id})",
+                s.sid
+            ),
         );
         return;
     };
@@ -1132,8 +1152,11 @@ async fn session(sh: &Arc<Shared>, rng: &mut Rng, mut s: Sess, first: Box<SseCon
                     }
                     // POSTs still on their way settle first (bounded by their own timeout).
                     while s.reqs.values().any(|r| r.state == ReqState::Posting) {
-                        match tokio::time::timeout(POST_WAIT + Duration::from_secs(2), done_rx.recv())
-                            .await
+                        match tokio::time::timeout(
+                            POST_WAIT + Duration::from_secs(2),
+                            done_rx.recv(),
+                        )
+                        .await
                         {
                             Ok(Some((id, pod, r))) => posted(sh, &mut s, id, pod, r),
                             _ => break,
@@ -1331,7 +1354,10 @@ async fn check_redis(sh: &Shared, url: &str) {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    sh.violation(Violation::Protocol, format!("after the run: read {sid}: {e}"));
+                    sh.violation(
+                        Violation::Protocol,
+                        format!("after the run: read {sid}: {e}"),
+                    );
                     break;
                 }
             }
@@ -1353,7 +1379,10 @@ async fn check_redis(sh: &Shared, url: &str) {
                 if e.seq != ps + 1 || e.epoch < pe {
                     sh.violation(
                         Violation::StaleOwnerWrite,
-                        format!("session {sid}: logged {}:{} right after {pe}:{ps}", e.epoch, e.seq),
+                        format!(
+                            "session {sid}: logged {}:{} right after {pe}:{ps}",
+                            e.epoch, e.seq
+                        ),
                     );
                 }
             } else if e.seq != rec.ranges.oldest {
@@ -1379,7 +1408,10 @@ async fn check_redis(sh: &Shared, url: &str) {
             if let Some(end) = end_at {
                 sh.violation(
                     Violation::StaleOwnerWrite,
-                    format!("session {sid}: {}:{} logged after the end marker at {end}", e.epoch, e.seq),
+                    format!(
+                        "session {sid}: {}:{} logged after the end marker at {end}",
+                        e.epoch, e.seq
+                    ),
                 );
             }
             if e.kind == Kind::End {
@@ -1411,7 +1443,10 @@ async fn check_redis(sh: &Shared, url: &str) {
             if ps != rec.ranges.head {
                 sh.violation(
                     Violation::SilentGap,
-                    format!("session {sid}: the log ends at {ps}, its head is {}", rec.ranges.head),
+                    format!(
+                        "session {sid}: the log ends at {ps}, its head is {}",
+                        rec.ranges.head
+                    ),
                 );
             }
         }
@@ -1451,7 +1486,11 @@ async fn check_redis(sh: &Shared, url: &str) {
             if !d.events.is_empty() {
                 sh.violation(
                     Violation::SilentGap,
-                    format!("session {}: received {} events, no record on Redis", d.sid, d.events.len()),
+                    format!(
+                        "session {}: received {} events, no record on Redis",
+                        d.sid,
+                        d.events.len()
+                    ),
                 );
             }
             continue;
