@@ -761,6 +761,7 @@ async fn open(sh: &Shared, rng: &mut Rng) -> Option<(Sess, Box<SseConn>)> {
 
 /// Sends a request through a random pod (a non-owner forwards it); a POST that certainly did not
 /// reach a pod (no connection) is sent through another, a few times.
+#[allow(clippy::too_many_arguments)]
 fn request(
     sh: &Arc<Shared>,
     rng: &mut Rng,
@@ -1592,7 +1593,7 @@ async fn run_async(profile: &Profile, seed: u64, bin: PathBuf) -> Outcome {
     for i in 0..PODS {
         cl.spawn_upstream(i);
     }
-    for i in 0..PODS {
+    for (i, name) in NAMES.iter().enumerate() {
         let port = cl.pods[i].upstream;
         super::support::wait_port(port).await;
         if !cl.start_proxy(i).await {
@@ -1600,8 +1601,8 @@ async fn run_async(profile: &Profile, seed: u64, bin: PathBuf) -> Outcome {
                 Violation::Protocol,
                 format!(
                     "{} did not start; its log:\n{}",
-                    NAMES[i],
-                    tail(&dir.join(format!("{}.proxy.log", NAMES[i])), 20)
+                    name,
+                    tail(&dir.join(format!("{name}.proxy.log")), 20)
                 ),
             );
             return finish(profile, &sh, dir, Vec::new());
@@ -1656,7 +1657,7 @@ async fn run_async(profile: &Profile, seed: u64, bin: PathBuf) -> Outcome {
             }
         }
     }
-    for i in 0..PODS {
+    for (i, name) in NAMES.iter().enumerate() {
         let Some(mut c) = cl.pods[i].proxy.take() else {
             continue;
         };
@@ -1679,7 +1680,7 @@ async fn run_async(profile: &Profile, seed: u64, bin: PathBuf) -> Outcome {
             Some(s) if woken && s.code() == Some(74) => {}
             other => sh.violation(
                 Violation::Protocol,
-                format!("final SIGTERM of {}: exit {other:?}", NAMES[i]),
+                format!("final SIGTERM of {name}: exit {other:?}"),
             ),
         }
     }
