@@ -229,8 +229,13 @@ impl Shared {
 
     fn violation(&self, kind: Violation, msg: String) {
         let mut st = self.stats();
-        *st.violations.entry(kind).or_default() += 1;
-        if st.details.len() < 40 {
+        let n = {
+            let c = st.violations.entry(kind).or_default();
+            *c += 1;
+            *c
+        };
+        // The first 12 of each kind, so that one kind cannot hide another.
+        if n <= 12 {
             let at = self.at(Instant::now());
             st.details.push(format!("[{kind:?} t={at:.1}s] {msg}"));
         }
