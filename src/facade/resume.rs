@@ -65,9 +65,12 @@ pub async fn check(
             None,
         )));
     }
-    let sl = log
-        .lookup(&cursor.session)
-        .await
+    let found = match log.lookup(&cursor.session).await {
+        Ok(f) => f,
+        // Whether the session exists cannot be told: 503, never 404 (the client retries).
+        Err(e) => return Err(Box::new(error_response(&e, None))),
+    };
+    let sl = found
         .filter(|sl| !sl.removed())
         .filter(|sl| ctx.admits(caller, sl.identity.as_ref(), sl.facade, face));
     let Some(sl) = sl else {
@@ -87,8 +90,21 @@ pub async fn check(
             None,
         )));
     }
-    let ranges = sl.ranges();
-    let after = match check_resume(&cursor, &ranges, need_cursor_event) {
+    let mut ranges = sl.ranges();
+    let mut checked = check_resume(&cursor, &ranges, need_cursor_event);
+    if checked.is_err() && log.is_shared() {
+        // This replica's view may be behind the shared record (another replica took the
+        // session over, in a later epoch): the record decides, never a stale copy.
+        match log.refresh(&sl).await {
+            Ok(true) => {
+                ranges = sl.ranges();
+                checked = check_resume(&cursor, &ranges, need_cursor_event);
+            }
+            Ok(false) => {}
+            Err(e) => return Err(Box::new(error_response(&e, None))),
+        }
+    }
+    let after = match checked {
         Ok(a) => a,
         Err(r) => {
             return Err(Box::new(refusal(

@@ -255,19 +255,33 @@ impl Log {
     }
 
     /// The log of session `id`, live or ended, if this proxy holds it or (shared log) the shared
-    /// log has its ended history.
-    pub async fn lookup(&self, id: &SessionId) -> Option<Arc<SessionLog>> {
+    /// log has it.
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the shared log cannot be read (then nobody can tell whether the
+    /// session exists: the caller answers 503, never 404).
+    pub async fn lookup(&self, id: &SessionId) -> Result<Option<Arc<SessionLog>>> {
         if let Some(sl) = self.get(id) {
-            return Some(sl);
+            return Ok(Some(sl));
         }
-        let (sh, _, _) = self.shared.as_ref()?;
-        match sh.lookup(&self.store, id).await {
-            Ok(sl) => sl,
-            Err(e) => {
-                tracing::error!(error = %e, "looking a session up in the shared log failed");
-                None
-            }
-        }
+        let Some((sh, _, _)) = self.shared.as_ref() else {
+            return Ok(None);
+        };
+        sh.lookup(&self.store, id).await
+    }
+
+    /// Shared log: brings a log this replica holds up to date with the shared record when the
+    /// record has moved past it (another replica took the session over, or Redis lost it): the
+    /// log adopts the record, and the session ends here if it was live. `false` when nothing
+    /// changed (the local log, or a record that agrees).
+    ///
+    /// # Errors
+    /// [`Error::Store`] when the shared log cannot be read.
+    pub async fn refresh(&self, sl: &Arc<SessionLog>) -> Result<bool> {
+        let Some((sh, _, _)) = self.shared.as_ref() else {
+            return Ok(false);
+        };
+        sh.refresh(&self.store, sl).await
     }
 
     /// Shared log: where to forward a request for session `id` — the internal address of the

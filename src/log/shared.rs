@@ -218,6 +218,47 @@ impl SharedLog {
     }
 }
 
+impl SharedLog {
+    /// See [`super::Log::refresh`].
+    pub(crate) async fn refresh(&self, store: &Store, sl: &Arc<SessionLog>) -> Result<bool> {
+        let rec = self
+            .shared
+            .read(&sl.id, u64::MAX, 1)
+            .await
+            .map_err(|e| Error::Store(shared_err(e)))?;
+        let local = sl.ranges();
+        match rec {
+            None => {
+                if sl.removed() {
+                    return Ok(false);
+                }
+                store.lock_logs().remove(&sl.id);
+                lost(store, sl);
+                sl.clear_removed();
+                sl.wake();
+                Ok(true)
+            }
+            Some((rec, _)) => {
+                let moved = rec.ranges.current_epoch() != local.current_epoch()
+                    || rec.ranges.head < local.head
+                    || (rec.ended.is_some() && !sl.end_published());
+                if !moved {
+                    return Ok(false);
+                }
+                if rec.fence.owner != self.owner
+                    || rec.ranges.current_epoch() != local.current_epoch()
+                {
+                    // Not ours any more (taken over, or rewound and sealed): nothing more is
+                    // written here, and the session ends on this replica.
+                    lost(store, sl);
+                }
+                sl.adopt(&rec.ranges, rec.ended.is_some());
+                Ok(true)
+            }
+        }
+    }
+}
+
 /// How often a mirror of a live session re-reads its record.
 const FOLLOW: Duration = Duration::from_millis(100);
 
@@ -321,6 +362,53 @@ struct PendingEnd {
 struct Written {
     /// Token of the last write whose outcome is unknown (its reply was lost).
     unknown: Option<String>,
+    /// A -32091 for each request that write answered (requests the registry no longer holds
+    /// in flight): the end writes them if the write did not land.
+    in_unknown: Vec<NewEvent>,
+    /// A -32091 for each request answered by appends refused after it (the session takes no
+    /// more appends): the end writes them, whatever became of the unknown write.
+    refused: Vec<NewEvent>,
+}
+
+impl Written {
+    fn keep(&self) -> bool {
+        self.unknown.is_some() || !self.refused.is_empty()
+    }
+}
+
+/// A copy of `e` (its payload shared).
+fn copy(e: &NewEvent) -> NewEvent {
+    let mut c = NewEvent::new(e.stream, e.kind, e.payload.clone());
+    c.completes = e.completes.clone();
+    c.received = e.received;
+    c
+}
+
+/// For each answer among `evs` (an event that completes a request) whose write was lost with
+/// the events before it: a -32091 for its request, on its stream. The answer itself is not
+/// written again — the client would take it as complete while events the upstream sent before
+/// it were lost — the loss is told instead (I6).
+fn answers(evs: &[NewEvent]) -> Vec<NewEvent> {
+    evs.iter()
+        .filter_map(|e| {
+            let req = e.completes.as_ref()?;
+            let reason = EndReason::StoreError.as_str();
+            let body = crate::jsonrpc::error_response(
+                req,
+                crate::jsonrpc::INFLIGHT_ABORTED,
+                &format!("request aborted: events of the session were lost ({reason})"),
+                serde_json::json!({"reason": reason}),
+            );
+            let kind = if e.stream.is_post() {
+                Kind::Final
+            } else {
+                Kind::Message
+            };
+            let mut a = NewEvent::new(e.stream, kind, Bytes::from(body));
+            a.completes = Some(req.clone());
+            Some(a)
+        })
+        .collect()
 }
 
 /// Every `lease / 2`, takes over the sessions of the replicas whose lease lapsed.
@@ -438,7 +526,7 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
         }
         while let Some(r) = jobs.join_next().await {
             if let Ok((id, w, ends)) = r {
-                if w.unknown.is_some() {
+                if w.keep() {
                     written.insert(id, w);
                 }
                 pending.extend(ends);
@@ -495,8 +583,10 @@ impl Turn {
             Op::Append { log, evs, done, .. } => {
                 // Decided here, in queue order: an append queued before its session's end is
                 // written before it; one queued after is refused.
-                if !log.takes_appends() {
-                    tracing::debug!(session = %log.tag, events = evs.len(), "append after the session's end or a lost append refused");
+                // (A session whose earlier write was lost is refused later, in its turn, where
+                // the answers among the refused events are kept for its end.)
+                if !log.takes_appends() && !log.append_lost() {
+                    tracing::debug!(session = %log.tag, events = evs.len(), "append after the session's end refused");
                     if let Some(d) = done {
                         let _ = d.send(Err(StoreError::SessionEnded));
                     }
@@ -653,7 +743,10 @@ async fn run_session(
                     }
                 };
                 if log.append_lost() {
-                    // An earlier write of this turn was lost or fenced: nothing after it.
+                    // An earlier write was lost or fenced: nothing more is appended. Answers among
+                    // these events go with the session's end (their requests left the registry's
+                    // in-flight table when they were answered).
+                    w.refused.extend(answers(&evs));
                     fail(StoreError::SessionEnded, acks);
                     continue;
                 }
@@ -692,6 +785,7 @@ async fn run_session(
                         tracing::error!(session = %log.tag, error = %e, "an append to the shared log has an unknown outcome; the session takes no more appends");
                         store.metrics.store_errors.inc();
                         w.unknown = Some(batch);
+                        w.in_unknown = answers(&evs);
                         lost(store, &log);
                         fail(shared_err(e), acks);
                     }
@@ -773,7 +867,16 @@ async fn end(
     let log = &pe.log;
     let mut head = log.head();
     let epoch = log.ranges().current_epoch();
+    // The answers the session owes besides the registry's -32091s: those of a write whose
+    // reply was lost (unless it landed) and those of appends refused after it.
+    let mut landed = false;
     for _ in 0..2 {
+        let mut evs = Vec::new();
+        if !landed {
+            evs.extend(w.in_unknown.iter().map(copy));
+        }
+        evs.extend(w.refused.iter().map(copy));
+        evs.extend(pe.evs.iter().map(copy));
         let r = sh
             .shared
             .end(
@@ -781,28 +884,31 @@ async fn end(
                 &sh.fence(log),
                 head,
                 pe.reason.as_str(),
-                &pe.evs,
+                &evs,
                 sh.retain_secs,
             )
             .await;
         match r {
             Ok(Ok(new_head)) => {
+                let pe_evs = &evs;
                 w.unknown = None;
+                w.in_unknown.clear();
+                w.refused.clear();
                 if let Err(e) = sh.shared.disown(&sh.replica, &log.id).await {
                     tracing::warn!(session = %log.tag, error = %e, "forgetting an ended session in this replica's set failed");
                 }
-                if new_head != head + pe.evs.len() as u64 + 1 {
+                if new_head != head + pe_evs.len() as u64 + 1 {
                     tracing::error!(session = %log.tag, head, new_head, "the shared log's head moved unexpectedly at the end");
                 }
-                let mut published = events(&pe.evs, head + 1, epoch);
+                let mut published = events(pe_evs, head + 1, epoch);
                 published.push(Arc::new(Event {
-                    seq: head + pe.evs.len() as u64 + 1,
+                    seq: head + pe_evs.len() as u64 + 1,
                     epoch,
                     stream: super::event::StreamTag::LEGACY,
                     kind: Kind::End,
                     payload: marker(pe.reason),
                 }));
-                publish(store, log, &published, &pe.evs);
+                publish(store, log, &published, pe_evs);
                 return Ok(());
             }
             Ok(Err(Refused::Head {
@@ -815,6 +921,8 @@ async fn end(
                 log.forget_window(theirs);
                 head = theirs;
                 w.unknown = None;
+                w.in_unknown.clear();
+                landed = true;
             }
             Ok(Err(refused)) => {
                 fenced(store, sh, log, &refused).await;

@@ -614,7 +614,13 @@ impl Tasks {
         let sid = SessionId::parse(id)?;
         // Held here, or (shared log) read from Redis: a task finished before this replica's
         // restart, or run by another replica.
-        let sl = self.log.lookup(&sid).await?;
+        let sl = match self.log.lookup(&sid).await {
+            Ok(sl) => sl?,
+            Err(e) => {
+                tracing::error!(error = %e, "looking a task up in the shared log failed");
+                return None;
+            }
+        };
         if sl.facade != Facade::Task || sl.removed() || !same(sl.identity.as_ref(), caller) {
             return None;
         }
