@@ -900,11 +900,14 @@ async fn a_full_disk_heals_in_process_by_reclaiming_dead_segments() {
     .await;
 
     // Later, but well before the first ended log is due for deletion: the fourth session, then
-    // a file that leaves 256 KiB, then its flood.
+    // a file that leaves 1.25 MiB, then its flood.
     tokio::time::sleep_until(last_end + Duration::from_secs(RETAIN - 6)).await;
     let (mut sse, url, _) = legacy_session(&base).await;
     let ballast = m.dir.join("ballast");
-    let fill = m.avail().saturating_sub(256 << 10);
+    // Room for the writer's first turn of the flood (up to `max_total_bytes / 8` = 1 MiB) and
+    // a little more: the client reads some of it before the disk fills (with only 256 KiB left,
+    // a loaded machine's first turn could fail whole and leave it nothing: seen once in CI).
+    let fill = m.avail().saturating_sub(1280 << 10);
     std::fs::write(&ballast, vec![0u8; fill as usize]).unwrap();
     let flood = call(
         2,
