@@ -444,7 +444,7 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
     let mut beat = tokio::time::interval(sh.lease / 3);
     beat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut renewed = tokio::time::Instant::now();
-    let mut lost = false;
+    let mut lease_lost = false;
     loop {
         let mut ops = Vec::new();
         tokio::select! {
@@ -452,21 +452,21 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
                 Some(op) => ops.push(op),
                 None => return,
             },
-            _ = beat.tick(), if !lost => {
+            _ = beat.tick(), if !lease_lost => {
                 let sent = tokio::time::Instant::now();
                 match sh.renew(false).await {
                     Ok(true) => renewed = sent,
                     Ok(false) => {
                         tracing::error!("this replica's lease was reaped by another replica (paused or cut off past cluster.lease_ms): its sessions were taken over; stopping");
-                        lost = true;
+                        lease_lost = true;
                     }
                     Err(e) => tracing::warn!(error = %e, "renewing this replica's lease failed"),
                 }
-                if !lost && renewed.elapsed() >= sh.lease {
+                if !lease_lost && renewed.elapsed() >= sh.lease {
                     tracing::error!("this replica's lease lapsed (cluster.lease_ms without a renewal): another replica may take its sessions over; stopping");
-                    lost = true;
+                    lease_lost = true;
                 }
-                if lost {
+                if lease_lost {
                     store.set_health(super::store::Health::Failed);
                 }
                 if pending.is_empty() {
@@ -481,22 +481,22 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
                 Err(_) => break,
             }
         }
-        if lost || renewed.elapsed() >= sh.lease {
+        if lease_lost || renewed.elapsed() >= sh.lease {
             // Not the owner any more, or not sure of it: nothing is written. The sessions end
             // here (their producers are told); whoever takes them over writes their ends.
             for pe in pending.drain(..) {
-                lost_session(&store, &pe.log);
+                lost(&store, &pe.log);
             }
             let mut close = false;
             for op in ops {
-                if let Some(log) = op_log(&op) {
-                    lost_session(&store, &log);
+                if let Some(log) = op.log() {
+                    lost(&store, log);
                 }
                 close |= matches!(op, Op::Close { .. });
                 reject(op, StoreError::Fenced);
             }
-            if !lost {
-                lost = true;
+            if !lease_lost {
+                lease_lost = true;
                 tracing::error!("this replica's lease lapsed before a write: stopping");
                 store.set_health(super::store::Health::Failed);
             }
@@ -651,36 +651,8 @@ impl Turn {
     }
 }
 
-/// The session an op writes to, if any.
-fn op_log(op: &Op) -> Option<Arc<SessionLog>> {
-    match op {
-        Op::Create { log, .. }
-        | Op::Append { log, .. }
-        | Op::Inflight { log, .. }
-        | Op::InflightDone { log, .. }
-        | Op::End { log, .. } => Some(log.clone()),
-        _ => None,
-    }
-}
-
-/// A session this replica can no longer write: it takes no more appends and is ended here.
-fn lost_session(store: &Store, log: &SessionLog) {
-    lost(store, log);
-}
-
 fn reject(op: Op, e: StoreError) {
-    let done = match op {
-        Op::Create { done, .. }
-        | Op::Inflight { done, .. }
-        | Op::InflightDone { done, .. }
-        | Op::End { done, .. }
-        | Op::Remove { done, .. }
-        | Op::MakeRoom { done, .. }
-        | Op::Flush { done }
-        | Op::Close { done } => Some(done),
-        Op::Append { done, .. } => done,
-    };
-    if let Some(d) = done {
+    if let Some(d) = op.into_ack() {
         let _ = d.send(Err(e));
     }
 }

@@ -613,6 +613,35 @@ pub(crate) enum Op {
     Close { done: Ack },
 }
 
+impl Op {
+    /// The log of the session the op writes to, if any.
+    pub(super) fn log(&self) -> Option<&Arc<SessionLog>> {
+        match self {
+            Op::Create { log, .. }
+            | Op::Append { log, .. }
+            | Op::Inflight { log, .. }
+            | Op::InflightDone { log, .. }
+            | Op::End { log, .. } => Some(log),
+            Op::Remove { .. } | Op::MakeRoom { .. } | Op::Flush { .. } | Op::Close { .. } => None,
+        }
+    }
+
+    /// Its acknowledgement (an append queued without waiting has none).
+    pub(super) fn into_ack(self) -> Option<Ack> {
+        match self {
+            Op::Create { done, .. }
+            | Op::Inflight { done, .. }
+            | Op::InflightDone { done, .. }
+            | Op::End { done, .. }
+            | Op::Remove { done, .. }
+            | Op::MakeRoom { done, .. }
+            | Op::Flush { done }
+            | Op::Close { done } => Some(done),
+            Op::Append { done, .. } => done,
+        }
+    }
+}
+
 /// The state shared by the handle and the writer.
 pub(crate) struct Store {
     /// The data directory's files.

@@ -1376,24 +1376,13 @@ impl Writer {
 
     /// Answers an op that will not be carried out; a session whose events are refused learns it.
     fn reject(&self, op: Op, e: &StoreError) {
-        let done = match op {
-            Op::Create { done, .. }
-            | Op::Inflight { done, .. }
-            | Op::InflightDone { done, .. }
-            | Op::End { done, .. }
-            | Op::Remove { done, .. }
-            | Op::MakeRoom { done, .. }
-            | Op::Flush { done }
-            | Op::Close { done } => Some(done),
-            Op::Append { log, done, .. } => {
-                if log.mark_failed() {
-                    let _ = self.store.failures.send(log.id);
-                    log.wake();
-                }
-                done
+        if let Op::Append { log, .. } = &op {
+            if log.mark_failed() {
+                let _ = self.store.failures.send(log.id);
+                log.wake();
             }
-        };
-        if let Some(d) = done {
+        }
+        if let Some(d) = op.into_ack() {
             let _ = d.send(Err(e.clone()));
         }
     }
@@ -2072,13 +2061,8 @@ fn only_superseded(seg: &Segment, len: u64) -> bool {
 /// The session an op belongs to (`None`: the log's own).
 fn op_session(op: &Op) -> Option<SessionId> {
     match op {
-        Op::Create { log, .. }
-        | Op::Append { log, .. }
-        | Op::Inflight { log, .. }
-        | Op::InflightDone { log, .. }
-        | Op::End { log, .. } => Some(log.id),
         Op::Remove { session, .. } => Some(*session),
-        Op::MakeRoom { .. } | Op::Flush { .. } | Op::Close { .. } => None,
+        _ => op.log().map(|l| l.id),
     }
 }
 
