@@ -67,9 +67,17 @@ struct Args {
     /// Phases to run: throughput,latency,rss,replay,restart (or `all`).
     #[arg(long, default_value = "all")]
     phases: String,
-    /// Paths to measure: direct,nginx,fsync,relaxed (throughput and latency phases).
-    #[arg(long, default_value = "direct,nginx,fsync,relaxed")]
+    /// Paths to measure: direct,nginx,fsync,relaxed,redis-fsync,redis-relaxed (throughput and
+    /// latency phases). The redis paths run the proxy with `log.backend = "redis"` on a fresh
+    /// redis-server (AOF `always` for redis-fsync, `everysec` for redis-relaxed).
+    #[arg(
+        long,
+        default_value = "direct,nginx,fsync,relaxed,redis-fsync,redis-relaxed"
+    )]
     targets: String,
+    /// The redis-server binary; without it the redis paths are skipped.
+    #[arg(long)]
+    redis_server: Option<PathBuf>,
     /// Padding bytes per event (the payload is about 130 bytes plus this).
     #[arg(long, default_value_t = 200)]
     pad: usize,
@@ -580,6 +588,8 @@ enum Mode {
     Nginx,
     Fsync,
     Relaxed,
+    RedisFsync,
+    RedisRelaxed,
 }
 
 impl Mode {
@@ -589,6 +599,8 @@ impl Mode {
             Mode::Nginx => "nginx",
             Mode::Fsync => "proxy-fsync",
             Mode::Relaxed => "proxy-relaxed",
+            Mode::RedisFsync => "redis-fsync",
+            Mode::RedisRelaxed => "redis-relaxed",
         }
     }
 }
@@ -601,6 +613,8 @@ struct Target {
     pids: Vec<u32>,
     proc: Option<Proc>,
     admin: Option<SocketAddr>,
+    /// The redis-server behind a redis path (stopped after the proxy).
+    redis: Option<Proc>,
 }
 
 struct Ctx {
@@ -637,9 +651,16 @@ fn write_proxy_config(
     ctx: &Ctx,
     dir: &Path,
     durability: &str,
+    redis: Option<SocketAddr>,
 ) -> Res<(PathBuf, SocketAddr, SocketAddr)> {
     std::fs::create_dir_all(dir)?;
     let (addr, admin) = (loopback(port()), loopback(port()));
+    let backend = match redis {
+        Some(r) => format!(
+            "backend = \"redis\"\n[log.redis]\nurl = \"redis://{r}\"\n[cluster]\nreplica_id = \"bench\"\n"
+        ),
+        None => String::new(),
+    };
     let cfg = format!(
         r#"[listen]
 addr = "{addr}"
@@ -656,7 +677,7 @@ durability = "{durability}"
 max_events_per_session = 2000000
 max_bytes_per_session = 1073741824
 max_total_bytes = 8589934592
-[sessions]
+{backend}[sessions]
 idle_ttl_secs = 3600
 retain_ended_secs = 3600
 max_sessions = 10000
@@ -712,10 +733,15 @@ async fn wait_ready(admin: SocketAddr, limit: Duration) -> Res<()> {
     }
 }
 
-async fn start_proxy(ctx: &Ctx, name: &str, durability: &str) -> Res<ProxyProc> {
+async fn start_proxy(
+    ctx: &Ctx,
+    name: &str,
+    durability: &str,
+    redis: Option<SocketAddr>,
+) -> Res<ProxyProc> {
     let dir = ctx.args.work.join(name);
     let _ = std::fs::remove_dir_all(&dir);
-    let (config, addr, admin) = write_proxy_config(ctx, &dir, durability)?;
+    let (config, addr, admin) = write_proxy_config(ctx, &dir, durability, redis)?;
     let log = dir.join("proxy.log");
     let proc = spawn_proxy(ctx, &config, &log)?;
     wait_ready(admin, Duration::from_secs(120)).await?;
@@ -779,6 +805,7 @@ async fn start_target(ctx: &Ctx, mode: Mode) -> Res<Option<Target>> {
             pids: Vec::new(),
             proc: None,
             admin: None,
+            redis: None,
         },
         Mode::Nginx => {
             let Some(nginx) = &ctx.args.nginx else {
@@ -808,6 +835,7 @@ async fn start_target(ctx: &Ctx, mode: Mode) -> Res<Option<Target>> {
                 pids,
                 proc: Some(proc),
                 admin: None,
+                redis: None,
             }
         }
         Mode::Fsync | Mode::Relaxed => {
@@ -816,13 +844,53 @@ async fn start_target(ctx: &Ctx, mode: Mode) -> Res<Option<Target>> {
             } else {
                 "relaxed"
             };
-            let p = start_proxy(ctx, &format!("tp-{d}"), d).await?;
+            let p = start_proxy(ctx, &format!("tp-{d}"), d, None).await?;
             Target {
                 mode,
                 addr: p.addr,
                 pids: vec![p.proc.pid()],
                 admin: Some(p.admin),
                 proc: Some(p.proc),
+                redis: None,
+            }
+        }
+        Mode::RedisFsync | Mode::RedisRelaxed => {
+            let Some(bin) = &ctx.args.redis_server else {
+                return Ok(None);
+            };
+            let (d, aof) = if mode == Mode::RedisFsync {
+                ("fsync", "always")
+            } else {
+                ("relaxed", "everysec")
+            };
+            let name = format!("tp-redis-{d}");
+            let dir = ctx.args.work.join(&name).join("redis");
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir)?;
+            let raddr = loopback(port());
+            let child = Command::new(bin)
+                .args(["--bind", "127.0.0.1", "--port", &raddr.port().to_string()])
+                .arg("--dir")
+                .arg(&dir)
+                .args(["--save", "", "--appendonly", "yes", "--appendfsync", aof])
+                .args(["--daemonize", "no", "--loglevel", "warning"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?;
+            let redis = Proc {
+                child,
+                group: false,
+            };
+            wait_port(raddr).await?;
+            let p = start_proxy(ctx, &name, d, Some(raddr)).await?;
+            Target {
+                mode,
+                addr: p.addr,
+                // The hop's cost is the proxy's and its Redis's.
+                pids: vec![p.proc.pid(), redis.pid()],
+                admin: Some(p.admin),
+                proc: Some(p.proc),
+                redis: Some(redis),
             }
         }
     }))
@@ -855,6 +923,8 @@ struct TpRow {
     events: u64,
     secs: f64,
     cpu_hop: Option<f64>,
+    /// Of `cpu_hop`, the redis-server's share (redis paths).
+    cpu_redis: Option<f64>,
     cpu_up: f64,
     gaps: u64,
     dups: u64,
@@ -877,6 +947,7 @@ async fn throughput(ctx: &Ctx, t: &Target) -> Res<TpRow> {
     let a = &ctx.args;
     let sessions = open_sessions(t.addr, a.tp_sessions).await?;
     let (cpu0, up0) = (ctx.cpu(&t.pids), cpu_secs(ctx.upstream_pid, ctx.tck));
+    let redis0 = t.redis.as_ref().map(|r| cpu_secs(r.pid(), ctx.tck));
     let t0 = Instant::now();
     let mut set = JoinSet::new();
     for (i, (mut sse, path)) in sessions.into_iter().enumerate() {
@@ -891,6 +962,7 @@ async fn throughput(ctx: &Ctx, t: &Target) -> Res<TpRow> {
         events: 0,
         secs: 0.0,
         cpu_hop: None,
+        cpu_redis: None,
         cpu_up: 0.0,
         gaps: 0,
         dups: 0,
@@ -906,6 +978,9 @@ async fn throughput(ctx: &Ctx, t: &Target) -> Res<TpRow> {
     row.secs = (last - t0).as_secs_f64();
     if !t.pids.is_empty() {
         row.cpu_hop = Some(ctx.cpu(&t.pids) - cpu0);
+    }
+    if let (Some(r), Some(c0)) = (&t.redis, redis0) {
+        row.cpu_redis = Some(cpu_secs(r.pid(), ctx.tck) - c0);
     }
     row.cpu_up = cpu_secs(ctx.upstream_pid, ctx.tck) - up0;
     Ok(row)
@@ -978,7 +1053,7 @@ struct RssRow {
 }
 
 async fn rss(ctx: &Ctx, n: usize) -> Res<RssRow> {
-    let p = start_proxy(ctx, &format!("rss-{n}"), "fsync").await?;
+    let p = start_proxy(ctx, &format!("rss-{n}"), "fsync", None).await?;
     let pid = p.proc.pid();
     let mut held = open_sessions(p.addr, RSS_WARM_SESSIONS).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1161,6 +1236,8 @@ async fn run(args: Args) -> Res<()> {
             "nginx" => Some(Mode::Nginx),
             "fsync" => Some(Mode::Fsync),
             "relaxed" => Some(Mode::Relaxed),
+            "redis-fsync" => Some(Mode::RedisFsync),
+            "redis-relaxed" => Some(Mode::RedisRelaxed),
             _ => None,
         })
         .collect();
@@ -1205,7 +1282,7 @@ async fn run(args: Args) -> Res<()> {
                 loadavg()
             ));
             let Some(t) = start_target(&ctx, mode).await? else {
-                ctx.line(format!("{}: skipped (no nginx binary)", mode.name()));
+                ctx.line(format!("{}: skipped (no binary for it)", mode.name()));
                 continue;
             };
             // Latency first, on a fresh proxy: a throughput run before it would leave the disk
@@ -1235,6 +1312,15 @@ async fn run(args: Args) -> Res<()> {
                     r.gaps,
                     r.dups
                 ));
+                if let (Some(hop), Some(redis)) = (r.cpu_hop, r.cpu_redis) {
+                    let mev = r.events as f64 / 1e6;
+                    ctx.line(format!(
+                        "           {:<14} cpu per million events: proxy {:.2} s, redis-server {:.2} s",
+                        mode.name(),
+                        (hop - redis) / mev,
+                        redis / mev
+                    ));
+                }
                 tp.push(r);
             }
             if let Some(admin) = t.admin {
@@ -1246,6 +1332,9 @@ async fn run(args: Args) -> Res<()> {
                 // SIGTERM: the proxy ends its sessions (and a profiler wrapping it writes its
                 // output); nginx just stops.
                 p.terminate(Duration::from_secs(30));
+            }
+            if let Some(r) = t.redis {
+                r.terminate(Duration::from_secs(10));
             }
             // Let the upstream forget the sessions of this target before the next one.
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1274,7 +1363,7 @@ async fn run(args: Args) -> Res<()> {
     let mut restart_row = None;
     if want("replay") || want("restart") {
         ctx.line(format!("load average before replay/restart: {}", loadavg()));
-        let p = start_proxy(&ctx, "replay-restart", "fsync").await?;
+        let p = start_proxy(&ctx, "replay-restart", "fsync", None).await?;
         if want("replay") {
             let r = replay(&ctx, &p).await?;
             ctx.line(format!(
@@ -1442,6 +1531,32 @@ fn summary(
             a.lat_rate,
             added,
             verdict(added <= 5.0)
+        );
+    }
+    for (redis, local, name) in [
+        (Mode::RedisFsync, Mode::Fsync, "fsync  "),
+        (Mode::RedisRelaxed, Mode::Relaxed, "relaxed"),
+    ] {
+        if let (Some(r), Some(l)) = (rate_of(redis), rate_of(local)) {
+            let _ = writeln!(
+                out,
+                "  redis {name} >= 0.5 x local {name}: {:.2} x  {}",
+                r / l,
+                verdict(r / l >= 0.5)
+            );
+        }
+    }
+    if let (Some(d), Some(f)) = (
+        lat.iter().find(|r| r.mode == Mode::Direct),
+        lat.iter().find(|r| r.mode == Mode::RedisFsync),
+    ) {
+        let added = (f.p99 as f64 - d.p99 as f64) / 1e6;
+        let _ = writeln!(
+            out,
+            "  added p99 (redis-fsync, AOF always, {} ev/s) <= 10 ms : {:.3} ms  {}",
+            a.lat_rate,
+            added,
+            verdict(added <= 10.0)
         );
     }
     if let Some(r) = replay {
