@@ -376,6 +376,17 @@ impl ChunkBuilder {
         self.bytes += payload.len() as u64;
     }
 
+    /// Makes room for `events` more events of `payload` bytes in all, so that pushing them does
+    /// not grow the buffer step by step (each growth a copy of what is there).
+    pub fn reserve(&mut self, events: usize, payload: usize) {
+        self.buf.reserve(events * EVENT_HEADER + payload);
+    }
+
+    /// Whether an event of `payload` bytes fits without growing the buffer.
+    pub fn fits(&self, payload: usize) -> bool {
+        self.buf.capacity() - self.buf.len() >= EVENT_HEADER + payload
+    }
+
     /// Events pushed.
     pub fn count(&self) -> u32 {
         self.count

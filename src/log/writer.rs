@@ -556,6 +556,8 @@ struct Turn {
     inline: Vec<Item>,
     building: Vec<Building>,
     index: HashMap<SessionId, usize>,
+    /// The session `building` was last asked for, and its index there.
+    last: Option<(SessionId, usize)>,
     post: Vec<Item>,
     /// Remove records: last in the turn, after every record of their sessions (an end and a
     /// remove in one turn must not resurrect the session).
@@ -583,6 +585,12 @@ impl Turn {
     }
 
     fn building(&mut self, log: &Arc<SessionLog>) -> &mut Building {
+        // Events come in runs of one session (an op's): one lookup a run.
+        if let Some((id, i)) = self.last {
+            if id == log.id {
+                return &mut self.building[i];
+            }
+        }
         let i = *self.index.entry(log.id).or_insert_with(|| {
             self.building.push(Building {
                 log: log.clone(),
@@ -592,10 +600,14 @@ impl Turn {
             });
             self.building.len() - 1
         });
+        self.last = Some((log.id, i));
         &mut self.building[i]
     }
 
     /// Assigns the next seq of `log` to an event and adds it to the session's open chunk.
+    /// `ahead` is (events, payload bytes) of this event and those that follow it in its op: a
+    /// chunk grows once to hold what will go into it, not step by step.
+    #[allow(clippy::too_many_arguments)]
     fn add_event(
         &mut self,
         log: &Arc<SessionLog>,
@@ -604,6 +616,7 @@ impl Turn {
         payload: Bytes,
         received: tokio::time::Instant,
         completes: Option<String>,
+        ahead: (usize, usize),
     ) -> u64 {
         let (seq, epoch) = log.assign();
         let b = self.building(log);
@@ -628,6 +641,16 @@ impl Turn {
                 },
             )
         });
+        if !cb.fits(payload.len()) {
+            // What of the op's rest this chunk will take: up to its event and byte bounds.
+            let events = ahead.0.min((CHUNK_EVENTS - cb.count()) as usize);
+            let bytes = ahead
+                .1
+                .min(CHUNK_BYTES.saturating_sub(cb.encoded_len()) + payload.len());
+            cb.reserve(events, bytes);
+            out.events.reserve(events);
+            out.received.reserve(events);
+        }
         cb.push(epoch, kind, stream, &payload);
         out.count += 1;
         out.payload += payload.len() as u64;
@@ -1235,7 +1258,12 @@ impl Writer {
                     return;
                 }
                 let mut last = 0;
+                let mut ahead = (
+                    evs.len(),
+                    evs.iter().map(|e| e.payload.len()).sum::<usize>(),
+                );
                 for ev in evs {
+                    let len = ev.payload.len();
                     last = t.add_event(
                         &log,
                         ev.stream,
@@ -1243,7 +1271,9 @@ impl Writer {
                         ev.payload,
                         ev.received,
                         ev.completes,
+                        ahead,
                     );
+                    ahead = (ahead.0 - 1, ahead.1 - len);
                 }
                 t.building(&log).appended = true;
                 if let Some(d) = done {
@@ -1332,7 +1362,24 @@ impl Writer {
     /// Lays the turn out (copies, single records, chunks, end metas) and lists each record's
     /// effect with its place.
     fn encode(&mut self, t: &mut Turn) -> (Vec<u8>, Vec<(Effect, Loc)>) {
-        let mut buf = Vec::new();
+        // One allocation for the turn: its records' sizes are known (headers are small).
+        let items: usize = t
+            .copies
+            .iter()
+            .chain(&t.inline)
+            .chain(&t.post)
+            .chain(&t.removes)
+            .map(|i| i.bytes.len())
+            .sum();
+        let chunks: usize = t
+            .building
+            .iter()
+            .flat_map(|b| b.done.iter().chain(&b.cur))
+            .map(|(cb, out)| {
+                cb.encoded_len() + 64 + out.completes.iter().map(|c| 2 + c.len()).sum::<usize>()
+            })
+            .sum();
+        let mut buf = Vec::with_capacity(64 + items + chunks);
         let mut effects = Vec::new();
         let seg = self.st.active;
         let base = self.active_len;
@@ -1471,6 +1518,8 @@ impl Writer {
     /// acks fire, readers wake.
     fn publish(&mut self, t: Turn, effects: Vec<(Effect, Loc)>) {
         let metrics = self.store.metrics.clone();
+        // One clock read for the turn's append latencies: its events became durable together.
+        let now = tokio::time::Instant::now();
         // Ordered, so that what follows from a turn (trims, their records) is the same in every
         // run of the same ops (the simulator replays seeds exactly).
         let mut touched: BTreeMap<SessionId, Arc<SessionLog>> = BTreeMap::new();
@@ -1534,7 +1583,8 @@ impl Writer {
                     log.publish_chunk(chunk, &c.events);
                     metrics.logged.inc_by(c.events.len() as u64);
                     for r in &c.received {
-                        metrics.append_seconds.observe(r.elapsed().as_secs_f64());
+                        let d = now.saturating_duration_since(*r);
+                        metrics.append_seconds.observe(d.as_secs_f64());
                     }
                     touched.entry(log.id).or_insert(log);
                 }
@@ -2092,7 +2142,8 @@ fn plan_end(t: &mut Turn, pe: PendingEnd, ack: Option<Ack>) {
     t.sync = true;
     let now = tokio::time::Instant::now();
     for (stream, kind, payload, completes) in pe.evs.clone() {
-        t.add_event(&pe.log, stream, kind, payload, now, completes);
+        let ahead = (1, payload.len());
+        t.add_event(&pe.log, stream, kind, payload, now, completes, ahead);
     }
     t.post.push(meta_item(&pe.log));
     t.ends.push((pe, ack));
