@@ -33,6 +33,9 @@ const READ_BATCH: usize = 256;
 const CHANNEL_FRAMES: usize = 8;
 /// A pack of consecutive frames is handed to the connection once it holds this many bytes.
 const PACK_BYTES: usize = 16 * 1024;
+/// Bytes of an event's frame besides its payload's (`id:`, `event: message`, `data:` and line
+/// ends), when the payload is one line.
+const FRAME_OVERHEAD: usize = 4 + MAX_EVENT_ID_LEN + 1 + 15 + 6 + 1 + 1;
 
 /// Which events of the session log a stream delivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -275,6 +278,7 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
         // or a busy live stream spends its time on. Events are counted as delivered (metrics,
         // attachment position) once the pack holding them has been handed to the connection.
         let mut pack = Pack::default();
+        let mut left: usize = batch.iter().map(|e| FRAME_OVERHEAD + e.payload.len()).sum();
         for ev in batch {
             spec.after = ev.seq;
             if ev.kind == Kind::End {
@@ -286,6 +290,13 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
             if ev.stream != tag {
                 continue;
             }
+            if pack.buf.is_empty() {
+                // Room for the pack at once (what is left of the batch, up to a pack) rather
+                // than growing it frame by frame.
+                let room = left.min(PACK_BYTES) + FRAME_OVERHEAD + ev.payload.len();
+                pack.buf.reserve(room);
+            }
+            left = left.saturating_sub(FRAME_OVERHEAD + ev.payload.len());
             write_frame(&mut pack.buf, &spec.log, &ev);
             pack.last = ev.seq;
             if ev.kind != Kind::Priming {

@@ -35,8 +35,14 @@ pub fn event_into(out: &mut Vec<u8>, id: Option<&str>, event: Option<&str>, data
     if let Some(ev) = event {
         size += EVENT.len() + ev.len() + 1;
     }
-    for line in lines(data) {
-        size += DATA.len() + line.len() + 1;
+    // A payload without line breaks (compact JSON, the norm) is one `data:` line: scanned once.
+    let one_line = find_eol(data).is_none();
+    if one_line {
+        size += DATA.len() + data.len() + 1;
+    } else {
+        for line in lines(data) {
+            size += DATA.len() + line.len() + 1;
+        }
     }
     reserve(out, size);
     if let Some(id) = id {
@@ -45,13 +51,22 @@ pub fn event_into(out: &mut Vec<u8>, id: Option<&str>, event: Option<&str>, data
     if let Some(ev) = event {
         push_field(out, EVENT, ev.as_bytes());
     }
-    for line in lines(data) {
-        out.extend_from_slice(DATA);
-        out.extend_from_slice(line);
-        out.push(b'\n');
+    if one_line {
+        push_data(out, data);
+    } else {
+        for line in lines(data) {
+            push_data(out, line);
+        }
     }
     out.push(b'\n');
     size
+}
+
+/// Appends `data: {line}\n`.
+fn push_data(out: &mut Vec<u8>, line: &[u8]) {
+    out.extend_from_slice(DATA);
+    out.extend_from_slice(line);
+    out.push(b'\n');
 }
 
 /// Priming event: `id: {id}\n` then `retry: {ms}\n` if Some, then `data: \n\n`.
