@@ -1518,8 +1518,10 @@ impl Writer {
     /// acks fire, readers wake.
     fn publish(&mut self, t: Turn, effects: Vec<(Effect, Loc)>) {
         let metrics = self.store.metrics.clone();
-        // One clock read for the turn's append latencies: its events became durable together.
+        // One clock read for the turn's append latencies: its events became durable together;
+        // observed locally and added to the shared histogram once, at the end of the turn.
         let now = tokio::time::Instant::now();
+        let append = metrics.append_seconds.local();
         // Ordered, so that what follows from a turn (trims, their records) is the same in every
         // run of the same ops (the simulator replays seeds exactly).
         let mut touched: BTreeMap<SessionId, Arc<SessionLog>> = BTreeMap::new();
@@ -1584,12 +1586,13 @@ impl Writer {
                     metrics.logged.inc_by(c.events.len() as u64);
                     for r in &c.received {
                         let d = now.saturating_duration_since(*r);
-                        metrics.append_seconds.observe(d.as_secs_f64());
+                        append.observe(d.as_secs_f64());
                     }
                     touched.entry(log.id).or_insert(log);
                 }
             }
         }
+        append.flush();
         // Trim before waking readers, so nobody observes a head beyond the retention bound.
         // Never an ended session, not even in the turn of its end (whose chunk may take it over
         // the bound): its trim record would follow a turn later, so the data dir would show, for
