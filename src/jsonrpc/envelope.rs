@@ -9,6 +9,11 @@
 //! (string escapes, control characters, number grammar, literals, structure), so that it never
 //! answers an input serde refuses. The rest (arrays, invalid input, escaped keys, ...) is serde's,
 //! at the cost of a second pass on messages that are rare or broken.
+//!
+//! The cost is two passes: one that vectorises (the lowest and highest byte: whether the
+//! message is ASCII, else UTF-8 checked once for all its strings, and whether it holds a control
+//! byte at all), then the scan, which searches strings eight bytes at a time and with `memchr2`
+//! past their first sixteen.
 
 use memchr::memchr2;
 
@@ -27,12 +32,27 @@ pub(super) struct Envelope<'a> {
     pub is_response: bool,
     /// The raw `params`, checked JSON.
     params: Option<&'a [u8]>,
+    /// The message holds a control byte ([`Scanner::ctrl`]).
+    ctrl: bool,
 }
 
 /// The routing members of `bytes` when the scanner is sure to read them as serde does; `None`:
 /// ask serde.
 pub(super) fn scan(bytes: &[u8]) -> Option<Envelope<'_>> {
-    let mut s = Scanner { b: bytes, i: 0 };
+    // One pass that vectorises tells what the strings need checking for.
+    let (lo, hi) = bytes
+        .iter()
+        .fold((u8::MAX, 0u8), |(lo, hi), &b| (lo.min(b), hi.max(b)));
+    // Not UTF-8: serde's, which does not check the strings it skips. Once the whole message is
+    // UTF-8, so is every string in it.
+    if hi >= 0x80 && std::str::from_utf8(bytes).is_err() {
+        return None;
+    }
+    let mut s = Scanner {
+        b: bytes,
+        i: 0,
+        ctrl: lo < 0x20,
+    };
     let mut top = Top::default();
     s.ws();
     s.object(|key, s| match key {
@@ -61,6 +81,7 @@ pub(super) fn scan(bytes: &[u8]) -> Option<Envelope<'_>> {
         method: utf8(top.method.flatten())?,
         is_response: top.result.flatten().is_some() || top.error.flatten().is_some(),
         params: top.params.flatten(),
+        ctrl: s.ctrl,
     })
 }
 
@@ -77,7 +98,13 @@ impl<'a> Envelope<'a> {
             return None;
         }
         let (mut own, mut meta) = (None, None);
-        Scanner { b: params, i: 0 }.object(|key, s| match key {
+        let ctrl = self.ctrl;
+        Scanner {
+            b: params,
+            i: 0,
+            ctrl,
+        }
+        .object(|key, s| match key {
             b"progressToken" => once(&mut own, non_null(s.value()?)),
             b"_meta" => once(&mut meta, non_null(s.value()?)),
             _ => s.value().map(drop),
@@ -85,7 +112,12 @@ impl<'a> Envelope<'a> {
         let meta_token = match meta.flatten() {
             Some(meta) if meta[0] == b'{' => {
                 let mut token = None;
-                Scanner { b: meta, i: 0 }.object(|key, s| match key {
+                Scanner {
+                    b: meta,
+                    i: 0,
+                    ctrl,
+                }
+                .object(|key, s| match key {
                     b"progressToken" => once(&mut token, non_null(s.value()?)),
                     _ => s.value().map(drop),
                 })?;
@@ -135,6 +167,9 @@ fn utf8(raw: Option<&[u8]>) -> Option<Option<&str>> {
 struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
+    /// `b` holds a byte below 0x20 (whitespace or not), so strings must be searched for control
+    /// characters too; without one, only for their end and escapes.
+    ctrl: bool,
 }
 
 impl<'a> Scanner<'a> {
@@ -262,40 +297,47 @@ impl<'a> Scanner<'a> {
 
     /// Skips the rest of a string (its opening quote read), checking it as serde_json does:
     /// escapes well formed (`\u` takes any four hex digits: a lone surrogate passes), no control
-    /// character, and (more than serde_json checks in values it ignores) valid UTF-8.
+    /// character. (Its UTF-8 [`scan`] has checked.)
+    #[inline]
     fn string(&mut self) -> Option<()> {
         loop {
-            let rest = &self.b[self.i..];
-            let n = memchr2(b'"', b'\\', rest)?;
-            text(&rest[..n])?;
-            self.i += n + 1;
-            if rest[n] == b'"' {
-                return Some(());
-            }
-            match self.next()? {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
-                b'u' => {
-                    let hex = self.b.get(self.i..self.i + 4)?;
-                    if !hex.iter().all(u8::is_ascii_hexdigit) {
-                        return None;
+            let stop = self.string_stop()?;
+            self.i = stop + 1;
+            match self.b[stop] {
+                b'"' => return Some(()),
+                b'\\' => match self.next()? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {}
+                    b'u' => {
+                        let hex = self.b.get(self.i..self.i + 4)?;
+                        if !hex.iter().all(u8::is_ascii_hexdigit) {
+                            return None;
+                        }
+                        self.i += 4;
                     }
-                    self.i += 4;
-                }
+                    _ => return None,
+                },
                 _ => return None,
             }
         }
     }
 
-    /// The rest of a string without escapes (its opening quote read): its bytes, valid UTF-8.
+    /// The rest of a string without escapes (its opening quote read): its bytes.
     fn plain_str(&mut self) -> Option<&'a [u8]> {
+        let (start, stop) = (self.i, self.string_stop()?);
+        self.i = stop + 1;
+        (self.b[stop] == b'"').then_some(&self.b[start..stop])
+    }
+
+    /// Where the string text at the cursor stops: its closing quote, a backslash, or a control
+    /// character (refused).
+    #[inline]
+    fn string_stop(&self) -> Option<usize> {
         let rest = &self.b[self.i..];
-        let n = memchr2(b'"', b'\\', rest)?;
-        if rest[n] != b'"' {
-            return None;
-        }
-        text(&rest[..n])?;
-        self.i += n + 1;
-        Some(&rest[..n])
+        let n = match self.ctrl {
+            true => quote_backslash_or_control(rest),
+            false => quote_or_backslash(rest),
+        }?;
+        Some(self.i + n)
     }
 
     /// Skips a number: `-`? (`0` | `[1-9][0-9]*`) (`.` digits)? (`e` sign? digits)?. What may
@@ -342,17 +384,52 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// Checks a run of string bytes between quotes and escapes: no control character (serde_json
-/// refuses them), valid UTF-8. Two passes that vectorise (a min/max fold, then UTF-8 only when
-/// a byte is not ASCII) rather than one byte loop.
-fn text(run: &[u8]) -> Option<()> {
-    let (lo, hi) = run
-        .iter()
-        .fold((u8::MAX, 0u8), |(lo, hi), &b| (lo.min(b), hi.max(b)));
-    if lo < 0x20 || (hi >= 0x80 && std::str::from_utf8(run).is_err()) {
-        return None;
+// Eight bytes at a time in a `u64` (SWAR): for each byte the high bit says whether it is one
+// looked for. A hit can set a false bit above it (a borrow), never below: the lowest is exact.
+const ONES: u64 = u64::MAX / 255;
+const HIGH: u64 = ONES << 7;
+
+/// The bytes of `w` equal to `b` (high bits; exact up to the lowest).
+fn bytes_eq(w: u64, b: u8) -> u64 {
+    let x = w ^ (ONES * u64::from(b));
+    x.wrapping_sub(ONES) & !x & HIGH
+}
+
+/// The bytes of `w` below 0x20 (high bits; exact up to the lowest).
+fn bytes_control(w: u64) -> u64 {
+    w.wrapping_sub(ONES * 0x20) & !w & HIGH
+}
+
+/// Where the first `"` or `\` in `b` is.
+///
+/// Most strings are short (keys, methods, small values), so the first sixteen bytes are looked
+/// at in place before paying for a `memchr2` call, which then runs vectors over long text.
+fn quote_or_backslash(b: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while let Some(w) = b[at..].first_chunk::<8>().filter(|_| at < 16) {
+        let w = u64::from_le_bytes(*w);
+        let hit = bytes_eq(w, b'"') | bytes_eq(w, b'\\');
+        if hit != 0 {
+            return Some(at + hit.trailing_zeros() as usize / 8);
+        }
+        at += 8;
     }
-    Some(())
+    memchr2(b'"', b'\\', &b[at..]).map(|n| at + n)
+}
+
+/// Where the first `"`, `\` or control character in `b` is.
+fn quote_backslash_or_control(b: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    while let Some(w) = b[at..].first_chunk::<8>() {
+        let w = u64::from_le_bytes(*w);
+        let hit = bytes_eq(w, b'"') | bytes_eq(w, b'\\') | bytes_control(w);
+        if hit != 0 {
+            return Some(at + hit.trailing_zeros() as usize / 8);
+        }
+        at += 8;
+    }
+    let stop = |&x: &u8| x == b'"' || x == b'\\' || x < 0x20;
+    b[at..].iter().position(stop).map(|n| at + n)
 }
 
 #[cfg(test)]

@@ -353,6 +353,39 @@ fn strings_are_checked_as_serde_does() {
 }
 
 #[test]
+fn string_ends_at_every_offset() {
+    // The string search looks at words of eight bytes, then runs memchr2 (or more words when
+    // the message holds a control byte, as pretty-printed JSON does): every offset of a stop.
+    for n in 0..40 {
+        let run = "a".repeat(n);
+        for lead in ["", "\n"] {
+            let at = |text: &str| format!("{lead}{{\"x\":\"{text}\",\"id\":1,\"result\":0}}");
+            let ok = Some(p(Some("1"), None, true, None));
+            assert_eq!(fast(at(&run).as_bytes()), ok, "{n}");
+            assert_eq!(fast(at(&format!("{run}\\\"{run}")).as_bytes()), ok, "{n}");
+            assert_eq!(
+                fast(at(&format!("{run}\\u00e9{run}\\n")).as_bytes()),
+                ok,
+                "{n}"
+            );
+            assert_eq!(fast(at(&format!("{run}\u{e9}{run}")).as_bytes()), ok, "{n}");
+            assert_eq!(slow(at(&format!("{run}\t{run}")).as_bytes()), None, "{n}");
+            assert_eq!(slow(at(&format!("{run}\u{1f}")).as_bytes()), None, "{n}");
+            assert_eq!(slow(at(&format!("{run}\\q")).as_bytes()), None, "{n}");
+            assert_eq!(slow(at(&format!("{run}\\u00g0")).as_bytes()), None, "{n}");
+        }
+        // Keys and the method too.
+        let key = format!("{{\"{run}\":1,\"method\":\"{run}\"}}");
+        assert_eq!(fast(key.as_bytes()), Some(p(None, Some(&run), false, None)));
+        let escaped = format!("{{\"method\":\"{run}\\/\"}}");
+        assert_eq!(
+            slow(escaped.as_bytes()),
+            Some(p(None, Some(&format!("{run}/")), false, None))
+        );
+    }
+}
+
+#[test]
 fn invalid_utf8() {
     // serde_json checks UTF-8 in the strings it decodes (keys, the method) and in the raw values
     // it keeps (id, result, error, params)...
