@@ -13,7 +13,7 @@
 //! The cost is two passes: one that vectorises (the lowest and highest byte: whether the
 //! message is ASCII, else UTF-8 checked once for all its strings, and whether it holds a control
 //! byte at all), then the scan, which searches strings eight bytes at a time and with `memchr2`
-//! past their first sixteen.
+//! past their first 64.
 
 use memchr::memchr2;
 
@@ -402,11 +402,12 @@ fn bytes_control(w: u64) -> u64 {
 
 /// Where the first `"` or `\` in `b` is.
 ///
-/// Most strings are short (keys, methods, small values), so the first sixteen bytes are looked
-/// at in place before paying for a `memchr2` call, which then runs vectors over long text.
+/// Most strings are short (keys, methods, small values) and the runs between escapes in text are
+/// too, so the first 64 bytes are looked at in place before paying for a `memchr2` call, which
+/// then runs vectors over long text.
 fn quote_or_backslash(b: &[u8]) -> Option<usize> {
     let mut at = 0;
-    while let Some(w) = b[at..].first_chunk::<8>().filter(|_| at < 16) {
+    while let Some(w) = b[at..].first_chunk::<8>().filter(|_| at < 64) {
         let w = u64::from_le_bytes(*w);
         let hit = bytes_eq(w, b'"') | bytes_eq(w, b'\\');
         if hit != 0 {
