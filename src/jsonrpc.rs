@@ -11,6 +11,8 @@ use serde_json::value::RawValue;
 
 use crate::log::cursor::Refusal;
 
+mod envelope;
+
 /// The deepest nesting of arrays and objects a client message may have ([`too_deep`]).
 pub const MAX_DEPTH: usize = 64;
 
@@ -338,17 +340,84 @@ struct RawMeta<'a> {
 ///
 /// Arrays and objects (not valid ids) are kept as sent too: they are never parsed into a tree.
 pub fn canonical(raw: &RawValue) -> String {
-    if raw.get().starts_with(['[', '{']) {
-        return raw.get().to_string();
+    canonical_text(raw.get())
+}
+
+/// [`canonical`] of the text of one JSON value.
+fn canonical_text(text: &str) -> String {
+    if text.starts_with(['[', '{']) {
+        return text.to_string();
     }
-    match serde_json::from_str::<serde_json::Value>(raw.get()) {
+    match serde_json::from_str::<serde_json::Value>(text) {
         Ok(v) => v.to_string(),
-        Err(_) => raw.get().to_string(),
+        Err(_) => text.to_string(),
     }
 }
 
-/// Reads the routing fields of one message. `None` when the bytes are not a JSON object.
+/// Reads the routing fields of one message. `None` when the bytes are not a JSON object (nor an
+/// array: see [`peek_serde`]).
+///
+/// Every upstream event passes here, so the common message is read by a byte scanner
+/// (`jsonrpc/envelope.rs`) that allocates nothing but the answer; whatever it is not sure of
+/// (escaped keys, a duplicate routing key, deep nesting, anything that is not JSON) it leaves to
+/// [`peek_serde`], whose answer is the definition: the scanner agrees with it on every input.
 pub fn peek(bytes: &[u8]) -> Option<Peek> {
+    peek_fast(bytes).or_else(|| peek_serde(bytes))
+}
+
+/// [`peek`] by the scanner, the same steps as [`peek_serde`]; `None` when it leaves the message
+/// to serde.
+fn peek_fast(bytes: &[u8]) -> Option<Peek> {
+    let msg = envelope::scan(bytes)?;
+    let id = msg.id.map(canonical_scanned);
+    let wants_token = match msg.method {
+        Some(m) => id.is_some() || m == "notifications/progress",
+        None => false,
+    };
+    let progress_token = if wants_token {
+        msg.progress_token()?.map(canonical_scanned)
+    } else {
+        None
+    };
+    Some(Peek {
+        id,
+        method: msg.method.map(str::to_owned),
+        is_response: msg.is_response,
+        progress_token,
+    })
+}
+
+/// [`canonical`] of a raw value the scanner has checked.
+///
+/// The common ids are their own canonical form and are copied without a parse: a string with
+/// no escape (serde_json writes back escaped only `"`, `\` and control characters, none of which
+/// it can hold unescaped) and an integer of at most 18 digits without a leading zero (a `u64` or
+/// `i64` holds it; `-0` is a float to serde_json, written `-0.0`).
+fn canonical_scanned(raw: &str) -> String {
+    let digits = raw.strip_prefix('-').unwrap_or(raw).as_bytes();
+    let plain_string = raw.starts_with('"') && !raw.contains('\\');
+    let plain_integer = digits.len() <= 18
+        && digits.iter().all(u8::is_ascii_digit)
+        && (digits.first().is_some_and(|&d| d != b'0') || raw == "0");
+    if plain_string || plain_integer {
+        raw.to_owned()
+    } else {
+        canonical_text(raw)
+    }
+}
+
+/// [`peek`] by serde_json: the definition of its answer, and its slow path.
+///
+/// Its odd corners are kept (the scanner matches them): a top-level array is read as the fields
+/// in order (`[1, "x"]` is a request with id `1` and method `x`); `"result": null` is not a
+/// response; a repeated `id`, `method`, `result`, `error` or `params` makes the whole message
+/// unreadable (`None`), and a repeated `progressToken` or `_meta` only the token; a request's
+/// `params.progressToken` is read too (before `_meta.progressToken`), and so is a progress
+/// notification's `_meta.progressToken`; params that are an array are read as `progressToken`
+/// and `_meta` in order; invalid UTF-8 inside a value of another key (`"jsonrpc"`) is not
+/// noticed.
+#[doc(hidden)]
+pub fn peek_serde(bytes: &[u8]) -> Option<Peek> {
     let msg: RawMsg<'_> = serde_json::from_slice(bytes).ok()?;
     let id = msg.id.filter(|r| r.get() != "null").map(canonical);
     // Only a request's `_meta.progressToken` and a progress notification's `progressToken` mean
