@@ -35,6 +35,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::cursor::SessionId;
+use super::doorbell::{Doorbell, FAST_POLL};
 use super::event::{unix_now, Event, Kind, NewEvent, SessionMeta};
 use super::redis::{Fence, Record, Refused, Shared, SharedError};
 use super::store::{window_read, Ack, Op, SessionLog, Store};
@@ -61,6 +62,9 @@ pub(crate) struct SharedLog {
     pub(crate) lease: Duration,
     /// Where other replicas forward writes to this one (`cluster.advertise_addr`).
     pub(crate) advertise: String,
+    /// Wakes the followers of mirrored sessions when their owner writes; `None` on a Redis
+    /// Cluster (mirrors poll there).
+    pub(crate) doorbell: Option<Doorbell>,
 }
 
 fn shared_err(e: SharedError) -> StoreError {
@@ -259,16 +263,18 @@ impl SharedLog {
     }
 }
 
-/// How often a mirror of a live session re-reads its record.
-const FOLLOW: Duration = Duration::from_millis(100);
-
 /// Keeps a mirror's head, in-flight requests and end in step with Redis, until the session ends,
-/// its record is gone, or no reader holds the mirror any more.
+/// its record is gone, or no reader holds the mirror any more. It re-reads the record when the
+/// owner rings the session's doorbell (see [`super::doorbell`]), else at the safety poll; on a
+/// Redis Cluster, or while the doorbell is not connected, every [`FAST_POLL`].
 async fn follow(sh: Arc<SharedLog>, sl: std::sync::Weak<SessionLog>) {
-    let mut tick = tokio::time::interval(FOLLOW);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let ring = match (&sh.doorbell, sl.upgrade()) {
+        // Subscribed before the first read below: a write after that read rings.
+        (Some(d), Some(log)) => Some(d.ring(sh.shared.doorbell(&log.id)).await),
+        (_, None) => return,
+        (None, _) => None,
+    };
     loop {
-        tick.tick().await;
         let Some(log) = sl.upgrade() else { return };
         let inflight = sh.shared.inflight(&log.id).await;
         match sh.shared.read(&log.id, u64::MAX, 1).await {
@@ -294,6 +300,14 @@ async fn follow(sh: Arc<SharedLog>, sl: std::sync::Weak<SessionLog>) {
             Err(e) => {
                 tracing::warn!(session = %log.tag, error = %e, "following a session on the shared log failed; retrying");
             }
+        }
+        drop(log);
+        match &ring {
+            Some(r) => {
+                // The doorbell, or the safety poll (fast while the doorbell is down).
+                let _ = tokio::time::timeout(r.poll(), r.rung()).await;
+            }
+            None => tokio::time::sleep(FAST_POLL).await,
         }
     }
 }
