@@ -4,7 +4,10 @@
 //! an ended session's history is served by another replica from Redis alone; a restarted replica
 //! ends what its previous run left live (every logged event, the -32091, the end, then 404); a
 //! fenced owner stops writing and its clients get the taker's history; Redis losing the data
-//! refuses every resume; `durability = "fsync"` refuses a server without `appendfsync always`.
+//! refuses every resume; `durability = "fsync"` refuses a server without `appendfsync always`;
+//! a replica serving a session live on another follows it by the doorbell (its safety poll
+//! stretched to ten minutes by a test hook), on one Redis, after its pub/sub connection was
+//! killed, and on a Redis Cluster.
 //!
 //! Run: `cargo test --test redis_backend` (after `scripts/install-peers`).
 
@@ -1005,11 +1008,12 @@ struct Pair {
 }
 
 impl Pair {
-    async fn start(redis: &RedisServer) -> Pair {
+    /// Pod A connected to `urls[0]`, pod B to `urls[1]` (one Redis, or two nodes of a Cluster).
+    async fn start(urls: [String; 2]) -> Pair {
         let dirs = tempfile::tempdir().unwrap();
-        let url = format!("url = \"{}\"", redis.url());
         let (mut ups, mut pods) = (Vec::new(), Vec::new());
-        for name in ["pod-a", "pod-b"] {
+        for (name, url) in ["pod-a", "pod-b"].into_iter().zip(urls) {
+            let url = format!("url = \"{url}\"");
             let up = fastmcp().await;
             let replica = format!("replica_id = \"{name}\"");
             let extra = [
@@ -1067,9 +1071,15 @@ async fn until_subscribers(redis: &RedisServer, session: &str, n: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_follows_its_owner_by_the_doorbell() {
     let redis = RedisServer::start(Persist::AofAlways).await;
-    let pair = Pair::start(&redis).await;
+    let pair = Pair::start([redis.url(), redis.url()]).await;
+    resume_on_b(&pair, 8).await;
+}
+
+/// A client cut from its session's owner and resumed on the other replica reads the rest of the
+/// call exactly, then the answer (the owner serves the same); returns the session.
+async fn resume_on_b(pair: &Pair, n: u32) -> String {
     let (mut c, _) = Client::init(pair.addr(0), "2025-11-25").await;
-    let (id, mut s) = c.call("tick", tick(8, 250), "T").await;
+    let (id, mut s) = c.call("tick", tick(n, 200), "T").await;
     let first = s
         .until(|e| !e.is_priming() && e.describe() == "progress 2")
         .await;
@@ -1080,13 +1090,49 @@ async fn a_mirror_follows_its_owner_by_the_doorbell() {
     let rest = tokio::time::timeout(Duration::from_secs(60), r.sse().rest())
         .await
         .expect("the mirror follows the owner by the doorbell");
-    let mut want = progress(3, 8);
+    let mut want = progress(3, n);
     want.push(format!("response {id}"));
     assert_eq!(desc(&rest), want);
-    // The owner serves the same events under the same ids.
     let r = c.get(Some(&cursor)).await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.sse().rest().await, rest);
+    assert_eq!(r.sse().rest().await, rest, "the owner serves the same");
+    c.session.clone()
+}
+
+/// On a Redis Cluster of three, pod B connected to another node than pod A: sessions whose
+/// doorbells live on different primaries are each followed live by the doorbell alone (the
+/// safety poll is ten minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_mirrors_follow_by_the_doorbell_on_each_primary() {
+    let cluster = support::redis::RedisCluster::start().await;
+    let pair = Pair::start([cluster.url(0), cluster.url(1)]).await;
+    let mut primaries = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let session = resume_on_b(&pair, 6).await;
+        for i in 0..3 {
+            let mut conn = ::redis::Client::open(cluster.url(i))
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            // Only the primary holding the session's slot answers (the others: MOVED).
+            let n: i64 = ::redis::cmd("EXISTS")
+                .arg(format!("{PREFIX}:{{{session}}}:m"))
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(0);
+            if n == 1 {
+                primaries.insert(i);
+            }
+        }
+        if primaries.len() >= 2 {
+            break;
+        }
+    }
+    assert!(
+        primaries.len() >= 2,
+        "sessions on {} primaries",
+        primaries.len()
+    );
 }
 
 /// The doorbell's pub/sub connection is killed while a mirror follows a live call: the replica
@@ -1096,7 +1142,7 @@ async fn a_mirror_follows_its_owner_by_the_doorbell() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mirror_keeps_following_when_the_doorbell_connection_is_killed() {
     let redis = RedisServer::start(Persist::AofAlways).await;
-    let pair = Pair::start(&redis).await;
+    let pair = Pair::start([redis.url(), redis.url()]).await;
     let (mut c, _) = Client::init(pair.addr(0), "2025-11-25").await;
     let (id, mut s) = c.call("tick", tick(16, 300), "T").await;
     let first = s

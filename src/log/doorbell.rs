@@ -12,16 +12,21 @@
 //! subscribes every registered channel again and wakes every follower once (messages may have
 //! been missed meanwhile); while it is down, followers poll fast ([`Doorbell::poll`]).
 //!
-//! A single Redis (or a primary behind Sentinel) only: on a Redis Cluster a shard channel lives
-//! on the node owning its slot, and mirrors there keep polling (see `docs/multi-replica.md`).
+//! On a Redis Cluster the connection is redis-rs's cluster connection, which subscribes each
+//! shard channel on the primary owning its slot; a disconnection of any node is handled as the
+//! whole connection's (a new one, every channel subscribed again).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use ::redis::aio::MultiplexedConnection;
+use ::redis::cluster::ClusterClientBuilder;
+use ::redis::cluster_async::ClusterConnection;
 use ::redis::{
-    AsyncConnectionConfig, Client, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Value,
+    AsyncConnectionConfig, Client, ConnectionInfo, IntoConnectionInfo, ProtocolVersion, PushInfo,
+    PushKind, RedisResult, Value,
 };
 use tokio::sync::{mpsc, oneshot, Notify};
 
@@ -93,17 +98,23 @@ pub(crate) struct Ring {
 // === impl Doorbell ===
 
 impl Doorbell {
-    /// Starts the subscriber task for the Redis at `url` (it connects in the background).
+    /// Starts the subscriber task for the Redis at `url`, a single server or (`cluster`) any
+    /// node of a Redis Cluster; it connects in the background.
     ///
     /// # Errors
     /// When `url` is not a Redis URL.
-    pub(crate) fn start(url: &str) -> ::redis::RedisResult<Doorbell> {
+    pub(crate) fn start(url: &str, cluster: bool) -> RedisResult<Doorbell> {
         let info = url.into_connection_info()?;
         let settings = info
             .redis_settings()
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
-        let client = Client::open(info.set_redis_settings(settings))?;
+        let info = info.set_redis_settings(settings);
+        let target = if cluster {
+            Target::Cluster(info)
+        } else {
+            Target::Single(Client::open(info)?)
+        };
         let (tx, rx) = mpsc::unbounded_channel();
         let inner = Arc::new(Inner {
             channels: Mutex::new(HashMap::new()),
@@ -111,7 +122,7 @@ impl Doorbell {
             next: AtomicU64::new(0),
             cmds: tx,
         });
-        tokio::spawn(run(Arc::downgrade(&inner), client, rx));
+        tokio::spawn(run(Arc::downgrade(&inner), target, rx));
         Ok(Doorbell { inner })
     }
 
@@ -219,25 +230,91 @@ impl Drop for Ring {
 
 // === the subscriber task ===
 
+/// Where the subscriber connects.
+enum Target {
+    /// A single Redis (a primary, behind Sentinel or not).
+    Single(Client),
+    /// Any node of a Redis Cluster: each channel is subscribed on the primary owning its slot.
+    Cluster(ConnectionInfo),
+}
+
+/// One pub/sub connection (RESP3: its pushes come to the task's receiver).
+enum Sub {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl Target {
+    async fn connect(&self, pushes: mpsc::UnboundedSender<PushInfo>) -> RedisResult<Sub> {
+        match self {
+            Target::Single(client) => {
+                let cfg = AsyncConnectionConfig::new()
+                    .set_push_sender(pushes)
+                    .set_connection_timeout(Some(TIMEOUT))
+                    .set_response_timeout(Some(TIMEOUT));
+                Ok(Sub::Single(
+                    client
+                        .get_multiplexed_async_connection_with_config(&cfg)
+                        .await?,
+                ))
+            }
+            Target::Cluster(info) => {
+                let client = ClusterClientBuilder::new(vec![info.clone()])
+                    .use_protocol(ProtocolVersion::RESP3)
+                    .push_sender(pushes)
+                    .connection_timeout(TIMEOUT)
+                    .response_timeout(TIMEOUT)
+                    .build()?;
+                Ok(Sub::Cluster(client.get_async_connection().await?))
+            }
+        }
+    }
+}
+
+impl Sub {
+    /// Subscribes (`on`) or unsubscribes one channel: its confirmation is the reply (RESP3).
+    async fn set(&mut self, channel: &str, on: bool) -> RedisResult<()> {
+        let r = match self {
+            Sub::Single(c) => {
+                let mut cmd = ::redis::cmd(if on { "SSUBSCRIBE" } else { "SUNSUBSCRIBE" });
+                cmd.arg(channel);
+                tokio::time::timeout(TIMEOUT, async {
+                    cmd.query_async::<Value>(c).await.map(drop)
+                })
+                .await
+            }
+            Sub::Cluster(c) => {
+                tokio::time::timeout(TIMEOUT, async {
+                    if on {
+                        c.ssubscribe(channel).await
+                    } else {
+                        c.sunsubscribe(channel).await
+                    }
+                })
+                .await
+            }
+        };
+        r.unwrap_or_else(|_| {
+            Err(::redis::RedisError::from((
+                ::redis::ErrorKind::Io,
+                "pub/sub command timed out",
+            )))
+        })
+    }
+}
+
 /// Connects, subscribes what is registered, relays messages to followers; on a drop, reconnects
 /// with backoff. Ends when the [`Doorbell`] is dropped.
 async fn run(
     inner: std::sync::Weak<Inner>,
-    client: Client,
+    target: Target,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
 ) {
     let mut backoff = BACKOFF.0;
     let mut dropped = false;
     loop {
         let (ptx, mut pushes) = mpsc::unbounded_channel::<PushInfo>();
-        let cfg = AsyncConnectionConfig::new()
-            .set_push_sender(ptx)
-            .set_connection_timeout(Some(TIMEOUT))
-            .set_response_timeout(Some(TIMEOUT));
-        let conn = match client
-            .get_multiplexed_async_connection_with_config(&cfg)
-            .await
-        {
+        let conn = match target.connect(ptx).await {
             Ok(c) => Some(c),
             Err(e) => {
                 tracing::debug!(error = %e, "the doorbell's pub/sub connection failed; mirrors poll meanwhile");
@@ -251,7 +328,7 @@ async fn run(
             };
             let mut ok = true;
             for ch in &registered {
-                if let Err(e) = ssubscribe(&mut conn, "SSUBSCRIBE", ch).await {
+                if let Err(e) = conn.set(ch, true).await {
                     tracing::debug!(error = %e, "subscribing the doorbell failed");
                     ok = false;
                     break;
@@ -306,7 +383,7 @@ async fn run(
 /// Serves one connection until it drops (`Some`) or the doorbell is dropped (`None`).
 async fn serve(
     inner: &std::sync::Weak<Inner>,
-    conn: &mut ::redis::aio::MultiplexedConnection,
+    conn: &mut Sub,
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     pushes: &mut mpsc::UnboundedReceiver<PushInfo>,
 ) -> Option<()> {
@@ -314,7 +391,7 @@ async fn serve(
         tokio::select! {
             cmd = cmds.recv() => match cmd? {
                 Cmd::Subscribe(ch, done) => {
-                    let r = ssubscribe(conn, "SSUBSCRIBE", &ch).await;
+                    let r = conn.set(&ch, true).await;
                     let _ = done.send(r.is_ok());
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "subscribing the doorbell failed");
@@ -324,7 +401,7 @@ async fn serve(
                 Cmd::Unsubscribe(ch) => {
                     let again = inner.upgrade()?.lock().contains_key(&ch);
                     if !again {
-                        if let Err(e) = ssubscribe(conn, "SUNSUBSCRIBE", &ch).await {
+                        if let Err(e) = conn.set(&ch, false).await {
                             tracing::debug!(error = %e, "unsubscribing the doorbell failed");
                             return Some(());
                         }
@@ -340,26 +417,25 @@ async fn serve(
                             inner.upgrade()?.wake(ch);
                         }
                     }
+                    PushKind::SUnsubscribe => {
+                        // The server drops a shard channel's subscribers when its slot moves (a
+                        // Cluster's resharding or failover): a channel still registered is
+                        // subscribed again (on the slot's new owner) and its followers re-read.
+                        let Some(Value::BulkString(ch)) = push.data.first() else { continue };
+                        let Ok(ch) = std::str::from_utf8(ch) else { continue };
+                        let i = inner.upgrade()?;
+                        if i.lock().contains_key(ch) {
+                            let ch = ch.to_string();
+                            if let Err(e) = conn.set(&ch, true).await {
+                                tracing::debug!(error = %e, "subscribing the doorbell again failed");
+                                return Some(());
+                            }
+                            i.wake(ch.as_bytes());
+                        }
+                    }
                     _ => {}
                 }
             }
         }
-    }
-}
-
-/// `SSUBSCRIBE` or `SUNSUBSCRIBE` of one channel: one confirmation, taken as the reply (RESP3).
-async fn ssubscribe(
-    conn: &mut ::redis::aio::MultiplexedConnection,
-    cmd: &str,
-    channel: &str,
-) -> ::redis::RedisResult<()> {
-    let mut c = ::redis::cmd(cmd);
-    c.arg(channel);
-    match tokio::time::timeout(TIMEOUT, c.query_async::<Value>(conn)).await {
-        Ok(r) => r.map(drop),
-        Err(_) => Err(::redis::RedisError::from((
-            ::redis::ErrorKind::Io,
-            "pub/sub command timed out",
-        ))),
     }
 }

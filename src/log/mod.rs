@@ -208,16 +208,9 @@ impl Log {
         }
         let mut inc = [0u8; 8];
         getrandom::getrandom(&mut inc).expect("OS random source");
-        // One pub/sub connection per process wakes the mirrors' followers (a single Redis only:
-        // on a Cluster a shard channel lives on its slot's node, and mirrors poll).
-        let doorbell = if sh.is_cluster() {
-            None
-        } else {
-            Some(
-                doorbell::Doorbell::start(&cfg.redis.url)
-                    .map_err(|e| StoreError::Shared(e.to_string()))?,
-            )
-        };
+        // One pub/sub connection per process wakes the mirrors' followers.
+        let doorbell = doorbell::Doorbell::start(&cfg.redis.url, sh.is_cluster())
+            .map_err(|e| StoreError::Shared(e.to_string()))?;
         let sh = Arc::new(shared::SharedLog {
             shared: sh,
             owner: format!("{}/{:016x}", settings.replica_id, u64::from_le_bytes(inc)),

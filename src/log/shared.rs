@@ -35,7 +35,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::cursor::SessionId;
-use super::doorbell::{Doorbell, FAST_POLL};
+use super::doorbell::Doorbell;
 use super::event::{unix_now, Event, Kind, NewEvent, SessionMeta};
 use super::redis::{Fence, Record, Refused, Shared, SharedError};
 use super::store::{window_read, Ack, Op, SessionLog, Store};
@@ -62,9 +62,8 @@ pub(crate) struct SharedLog {
     pub(crate) lease: Duration,
     /// Where other replicas forward writes to this one (`cluster.advertise_addr`).
     pub(crate) advertise: String,
-    /// Wakes the followers of mirrored sessions when their owner writes; `None` on a Redis
-    /// Cluster (mirrors poll there).
-    pub(crate) doorbell: Option<Doorbell>,
+    /// Wakes the followers of mirrored sessions when their owner writes.
+    pub(crate) doorbell: Doorbell,
 }
 
 fn shared_err(e: SharedError) -> StoreError {
@@ -265,15 +264,14 @@ impl SharedLog {
 
 /// Keeps a mirror's head, in-flight requests and end in step with Redis, until the session ends,
 /// its record is gone, or no reader holds the mirror any more. It re-reads the record when the
-/// owner rings the session's doorbell (see [`super::doorbell`]), else at the safety poll; on a
-/// Redis Cluster, or while the doorbell is not connected, every [`FAST_POLL`].
+/// owner rings the session's doorbell (see [`super::doorbell`]), else at the safety poll (every
+/// [`super::doorbell::FAST_POLL`] while the doorbell is not connected).
 async fn follow(sh: Arc<SharedLog>, sl: std::sync::Weak<SessionLog>) {
-    let ring = match (&sh.doorbell, sl.upgrade()) {
-        // Subscribed before the first read below: a write after that read rings.
-        (Some(d), Some(log)) => Some(d.ring(sh.shared.doorbell(&log.id)).await),
-        (_, None) => return,
-        (None, _) => None,
+    let Some(id) = sl.upgrade().map(|l| l.id) else {
+        return;
     };
+    // Subscribed before the first read below: a write after that read rings.
+    let ring = sh.doorbell.ring(sh.shared.doorbell(&id)).await;
     loop {
         let Some(log) = sl.upgrade() else { return };
         let inflight = sh.shared.inflight(&log.id).await;
@@ -302,13 +300,8 @@ async fn follow(sh: Arc<SharedLog>, sl: std::sync::Weak<SessionLog>) {
             }
         }
         drop(log);
-        match &ring {
-            Some(r) => {
-                // The doorbell, or the safety poll (fast while the doorbell is down).
-                let _ = tokio::time::timeout(r.poll(), r.rung()).await;
-            }
-            None => tokio::time::sleep(FAST_POLL).await,
-        }
+        // The doorbell, or the safety poll (fast while the doorbell is down).
+        let _ = tokio::time::timeout(ring.poll(), ring.rung()).await;
     }
 }
 
