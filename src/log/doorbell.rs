@@ -42,6 +42,9 @@ const SUBSCRIBE_WAIT: Duration = Duration::from_secs(2);
 const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 /// A connection attempt, or a subscription, that takes longer than this has failed.
 const TIMEOUT: Duration = Duration::from_secs(5);
+/// How often an idle connection is checked with a `PING` (a half-open connection delivers no
+/// messages and reports no error).
+const PING: Duration = Duration::from_secs(15);
 
 /// The safety poll: [`SAFETY_POLL`] unless the test hook sets it (read once per process).
 fn safety_poll() -> Duration {
@@ -294,13 +297,23 @@ impl Sub {
                 .await
             }
         };
-        r.unwrap_or_else(|_| {
-            Err(::redis::RedisError::from((
-                ::redis::ErrorKind::Io,
-                "pub/sub command timed out",
-            )))
-        })
+        r.unwrap_or_else(|_| Err(timed_out()))
     }
+
+    /// Whether the server still answers.
+    async fn ping(&mut self) -> RedisResult<()> {
+        let cmd = ::redis::cmd("PING");
+        let r = match self {
+            Sub::Single(c) => tokio::time::timeout(TIMEOUT, cmd.query_async::<Value>(c)).await,
+            Sub::Cluster(c) => tokio::time::timeout(TIMEOUT, cmd.query_async::<Value>(c)).await,
+        };
+        r.map_or_else(|_| Err(timed_out()), |r| r.map(drop))
+    }
+}
+
+/// The error of a pub/sub command that took longer than [`TIMEOUT`].
+fn timed_out() -> ::redis::RedisError {
+    ::redis::RedisError::from((::redis::ErrorKind::Io, "pub/sub command timed out"))
 }
 
 /// Connects, subscribes what is registered, relays messages to followers; on a drop, reconnects
@@ -387,8 +400,16 @@ async fn serve(
     cmds: &mut mpsc::UnboundedReceiver<Cmd>,
     pushes: &mut mpsc::UnboundedReceiver<PushInfo>,
 ) -> Option<()> {
+    let mut ping = tokio::time::interval_at(tokio::time::Instant::now() + PING, PING);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = ping.tick() => {
+                if let Err(e) = conn.ping().await {
+                    tracing::debug!(error = %e, "the doorbell's connection does not answer");
+                    return Some(());
+                }
+            }
             cmd = cmds.recv() => match cmd? {
                 Cmd::Subscribe(ch, done) => {
                     let r = conn.set(&ch, true).await;
