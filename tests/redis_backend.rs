@@ -4,7 +4,10 @@
 //! an ended session's history is served by another replica from Redis alone; a restarted replica
 //! ends what its previous run left live (every logged event, the -32091, the end, then 404); a
 //! fenced owner stops writing and its clients get the taker's history; Redis losing the data
-//! refuses every resume; `durability = "fsync"` refuses a server without `appendfsync always`.
+//! refuses every resume; `durability = "fsync"` refuses a server without `appendfsync always`;
+//! a replica serving a session live on another follows it by the doorbell (its safety poll
+//! stretched to ten minutes by a test hook), on one Redis, after its pub/sub connection was
+//! killed, and on a Redis Cluster.
 //!
 //! Run: `cargo test --test redis_backend` (after `scripts/install-peers`).
 
@@ -992,4 +995,187 @@ async fn a_task_created_on_one_replica_is_polled_and_cancelled_on_another() {
     for p in pods {
         p.stop().await;
     }
+}
+
+/// Two proxy binaries on one Redis, each beside its own FastMCP upstream, whose mirrors'
+/// safety poll is ten minutes (the test hook `MCP_RESUME_PROXY_FOLLOW_POLL_MS`): a mirror then
+/// learns of its owner's writes from the doorbell alone (or, while the doorbell is down, from
+/// the fast poll).
+struct Pair {
+    _dirs: tempfile::TempDir,
+    _ups: Vec<Upstream>,
+    pods: Vec<ProxyProc>,
+}
+
+impl Pair {
+    /// Pod A connected to `urls[0]`, pod B to `urls[1]` (one Redis, or two nodes of a Cluster).
+    async fn start(urls: [String; 2]) -> Pair {
+        let dirs = tempfile::tempdir().unwrap();
+        let (mut ups, mut pods) = (Vec::new(), Vec::new());
+        for (name, url) in ["pod-a", "pod-b"].into_iter().zip(urls) {
+            let url = format!("url = \"{url}\"");
+            let up = fastmcp().await;
+            let replica = format!("replica_id = \"{name}\"");
+            let extra = [
+                ("[log]", "backend = \"redis\""),
+                ("[log.redis]", url.as_str()),
+                ("[cluster]", replica.as_str()),
+            ];
+            let env = [("MCP_RESUME_PROXY_FOLLOW_POLL_MS", "600000")];
+            let dir = dirs.path().join(name);
+            pods.push(
+                ProxyProc::start_env(&up.sse_url(), &dir, &extra, &env, Stdio::inherit()).await,
+            );
+            ups.push(up);
+        }
+        Pair {
+            _dirs: dirs,
+            _ups: ups,
+            pods,
+        }
+    }
+
+    fn addr(&self, i: usize) -> std::net::SocketAddr {
+        format!("127.0.0.1:{}", self.pods[i].port).parse().unwrap()
+    }
+}
+
+/// How many subscribers the doorbell of `session` has.
+async fn doorbell_subscribers(redis: &RedisServer, session: &str) -> i64 {
+    let mut c = redis.admin().await;
+    let channel = format!("{PREFIX}:{{{session}}}:m:n");
+    let (_, n): (String, i64) = ::redis::cmd("PUBSUB")
+        .arg("SHARDNUMSUB")
+        .arg(&channel)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    n
+}
+
+/// Waits (bounded: fails the test) until the doorbell of `session` has `n` subscribers.
+async fn until_subscribers(redis: &RedisServer, session: &str, n: i64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while doorbell_subscribers(redis, session).await != n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the doorbell of the session never had {n} subscriber(s)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A client cut from the owner mid-call lands on the other replica, whose mirror polls only every
+/// ten minutes: it reads the rest as the owner logs it, exactly once, then the answer — which
+/// only the doorbell can bring in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_follows_its_owner_by_the_doorbell() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let pair = Pair::start([redis.url(), redis.url()]).await;
+    resume_on_b(&pair, 8).await;
+}
+
+/// A client cut from its session's owner and resumed on the other replica reads the rest of the
+/// call exactly, then the answer (the owner serves the same); returns the session.
+async fn resume_on_b(pair: &Pair, n: u32) -> String {
+    let (mut c, _) = Client::init(pair.addr(0), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(n, 200), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 2")
+        .await;
+    let cursor = first.last().unwrap().id.clone().unwrap();
+    s.cut();
+    let r = c.at(pair.addr(1)).get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    let rest = tokio::time::timeout(Duration::from_secs(60), r.sse().rest())
+        .await
+        .expect("the mirror follows the owner by the doorbell");
+    let mut want = progress(3, n);
+    want.push(format!("response {id}"));
+    assert_eq!(desc(&rest), want);
+    let r = c.get(Some(&cursor)).await;
+    assert_eq!(r.sse().rest().await, rest, "the owner serves the same");
+    c.session.clone()
+}
+
+/// On a Redis Cluster of three, pod B connected to another node than pod A: sessions whose
+/// doorbells live on different primaries are each followed live by the doorbell alone (the
+/// safety poll is ten minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_redis_cluster_mirrors_follow_by_the_doorbell_on_each_primary() {
+    let cluster = support::redis::RedisCluster::start().await;
+    let pair = Pair::start([cluster.url(0), cluster.url(1)]).await;
+    let mut primaries = std::collections::BTreeSet::new();
+    for _ in 0..8 {
+        let session = resume_on_b(&pair, 6).await;
+        for i in 0..3 {
+            let mut conn = ::redis::Client::open(cluster.url(i))
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap();
+            // Only the primary holding the session's slot answers (the others: MOVED).
+            let n: i64 = ::redis::cmd("EXISTS")
+                .arg(format!("{PREFIX}:{{{session}}}:m"))
+                .query_async(&mut conn)
+                .await
+                .unwrap_or(0);
+            if n == 1 {
+                primaries.insert(i);
+            }
+        }
+        if primaries.len() >= 2 {
+            break;
+        }
+    }
+    assert!(
+        primaries.len() >= 2,
+        "sessions on {} primaries",
+        primaries.len()
+    );
+}
+
+/// The doorbell's pub/sub connection is killed while a mirror follows a live call: the replica
+/// reconnects and subscribes the channel again, and the client reads every event exactly once
+/// (those logged while the doorbell was down by the fast poll and the wake on reconnect; those
+/// after it by the doorbell again, the safety poll being ten minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mirror_keeps_following_when_the_doorbell_connection_is_killed() {
+    let redis = RedisServer::start(Persist::AofAlways).await;
+    let pair = Pair::start([redis.url(), redis.url()]).await;
+    let (mut c, _) = Client::init(pair.addr(0), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(16, 300), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 2")
+        .await;
+    let cursor = first.last().unwrap().id.clone().unwrap();
+    s.cut();
+    let r = c.at(pair.addr(1)).get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    let mut sb = r.sse();
+    let mut got = sb
+        .until(|e| !e.is_priming() && e.describe() == "progress 4")
+        .await;
+    until_subscribers(&redis, &c.session, 1).await;
+    let mut admin = redis.admin().await;
+    let killed: i64 = ::redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(killed >= 1, "the doorbell's connection was not killed");
+    // Subscribed again on the new connection (the channel's only subscriber is replica B's).
+    until_subscribers(&redis, &c.session, 1).await;
+    let rest = tokio::time::timeout(Duration::from_secs(60), sb.rest())
+        .await
+        .expect("the mirror keeps following after the doorbell's connection was killed");
+    got.extend(rest);
+    let mut want = progress(3, 16);
+    want.push(format!("response {id}"));
+    assert_eq!(desc(&got), want);
+    let r = c.get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(desc(&r.sse().rest().await), want);
 }

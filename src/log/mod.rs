@@ -27,6 +27,7 @@
 //! ends it owes until the storage takes writes again.
 
 pub mod cursor;
+mod doorbell;
 pub mod event;
 pub mod image;
 pub mod io;
@@ -207,6 +208,9 @@ impl Log {
         }
         let mut inc = [0u8; 8];
         getrandom::getrandom(&mut inc).expect("OS random source");
+        // One pub/sub connection per process wakes the mirrors' followers.
+        let doorbell = doorbell::Doorbell::start(&cfg.redis.url, sh.is_cluster())
+            .map_err(|e| StoreError::Shared(e.to_string()))?;
         let sh = Arc::new(shared::SharedLog {
             shared: sh,
             owner: format!("{}/{:016x}", settings.replica_id, u64::from_le_bytes(inc)),
@@ -214,6 +218,7 @@ impl Log {
             retain_secs: settings.retain_secs,
             lease: std::time::Duration::from_millis(settings.lease_ms),
             advertise: settings.advertise.clone(),
+            doorbell,
         });
         sh.renew(true)
             .await

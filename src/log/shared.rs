@@ -35,6 +35,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use super::cursor::SessionId;
+use super::doorbell::Doorbell;
 use super::event::{unix_now, Event, Kind, NewEvent, SessionMeta};
 use super::redis::{Fence, Record, Refused, Shared, SharedError};
 use super::store::{window_read, Ack, Op, SessionLog, Store};
@@ -61,6 +62,8 @@ pub(crate) struct SharedLog {
     pub(crate) lease: Duration,
     /// Where other replicas forward writes to this one (`cluster.advertise_addr`).
     pub(crate) advertise: String,
+    /// Wakes the followers of mirrored sessions when their owner writes.
+    pub(crate) doorbell: Doorbell,
 }
 
 fn shared_err(e: SharedError) -> StoreError {
@@ -259,16 +262,17 @@ impl SharedLog {
     }
 }
 
-/// How often a mirror of a live session re-reads its record.
-const FOLLOW: Duration = Duration::from_millis(100);
-
 /// Keeps a mirror's head, in-flight requests and end in step with Redis, until the session ends,
-/// its record is gone, or no reader holds the mirror any more.
+/// its record is gone, or no reader holds the mirror any more. It re-reads the record when the
+/// owner rings the session's doorbell (see [`super::doorbell`]), else at the safety poll (every
+/// [`super::doorbell::FAST_POLL`] while the doorbell is not connected).
 async fn follow(sh: Arc<SharedLog>, sl: std::sync::Weak<SessionLog>) {
-    let mut tick = tokio::time::interval(FOLLOW);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let Some(id) = sl.upgrade().map(|l| l.id) else {
+        return;
+    };
+    // Subscribed before the first read below: a write after that read rings.
+    let ring = sh.doorbell.ring(sh.shared.doorbell(&id)).await;
     loop {
-        tick.tick().await;
         let Some(log) = sl.upgrade() else { return };
         let inflight = sh.shared.inflight(&log.id).await;
         match sh.shared.read(&log.id, u64::MAX, 1).await {
@@ -295,6 +299,9 @@ async fn follow(sh: Arc<SharedLog>, sl: std::sync::Weak<SessionLog>) {
                 tracing::warn!(session = %log.tag, error = %e, "following a session on the shared log failed; retrying");
             }
         }
+        drop(log);
+        // The doorbell, or the safety poll (fast while the doorbell is down).
+        let _ = tokio::time::timeout(ring.poll(), ring.rung()).await;
     }
 }
 

@@ -366,6 +366,17 @@ impl ProxyProc {
         extra: &[(&str, &str)],
         stderr: Stdio,
     ) -> ProxyProc {
+        ProxyProc::start_env(upstream, dir, extra, &[], stderr).await
+    }
+
+    /// [`ProxyProc::start_to`] with extra environment variables for the binary (test hooks).
+    pub async fn start_env(
+        upstream: &str,
+        dir: &Path,
+        extra: &[(&str, &str)],
+        env: &[(&str, &str)],
+        stderr: Stdio,
+    ) -> ProxyProc {
         let (port, admin) = (port(), port());
         let cfg_path = dir.with_extension("toml");
         let mut sections = [
@@ -395,6 +406,7 @@ impl ProxyProc {
             "MCP_RESUME_PROXY_LOG",
             std::env::var("TEST_PROXY_LOG").unwrap_or_else(|_| "warn".into()),
         );
+        cmd.envs(env.iter().copied());
         let p = ProxyProc {
             proc: Proc::spawn_to("proxy binary", cmd, stderr),
             port,
