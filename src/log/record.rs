@@ -364,6 +364,17 @@ impl Default for ChunkBuilder {
 }
 
 impl ChunkBuilder {
+    /// A builder that writes into `buf` (cleared; its capacity is reused).
+    pub fn with_buf(mut buf: Vec<u8>) -> Self {
+        buf.clear();
+        buf.resize(CHUNK_HEADER, 0);
+        Self {
+            buf,
+            count: 0,
+            bytes: 0,
+        }
+    }
+
     /// Appends the next event.
     pub fn push(&mut self, epoch: u32, kind: Kind, stream: StreamTag, payload: &[u8]) {
         self.buf.extend_from_slice(&epoch.to_be_bytes());

@@ -488,6 +488,35 @@ pub(crate) struct Writer {
     reserve_held: bool,
     /// This turn writes only the records owed (the reserve was just given up for them).
     owed_only: bool,
+    /// Buffers kept from turn to turn, so that a busy writer neither allocates nor faults in
+    /// fresh pages for every turn: the turn's bytes, and chunk values (see [`Spare`]).
+    out: Vec<u8>,
+    spare: Spare,
+}
+
+/// Chunk value buffers handed back after a turn, for the next turn's chunks: at most
+/// [`SPARE_BUFS`] of them, each at most [`SPARE_CAP`] bytes (about 2.5 MiB in all).
+#[derive(Default)]
+struct Spare(Vec<Vec<u8>>);
+
+const SPARE_BUFS: usize = 32;
+const SPARE_CAP: usize = CHUNK_BYTES + 16 * 1024;
+/// A turn buffer above this is not kept for the next turn (a flood's turns are larger; keeping
+/// one would hold its size for good).
+const OUT_CAP: usize = 4 << 20;
+
+impl Spare {
+    fn take(&mut self) -> ChunkBuilder {
+        self.0
+            .pop()
+            .map_or_else(ChunkBuilder::default, ChunkBuilder::with_buf)
+    }
+
+    fn give(&mut self, buf: Vec<u8>) {
+        if self.0.len() < SPARE_BUFS && buf.capacity() <= SPARE_CAP {
+            self.0.push(buf);
+        }
+    }
 }
 
 /// Why a turn was not written.
@@ -558,6 +587,8 @@ struct Turn {
     index: HashMap<SessionId, usize>,
     /// The session `building` was last asked for, and its index there.
     last: Option<(SessionId, usize)>,
+    /// Chunk buffers to build in (the writer's, lent for the turn).
+    spare: Spare,
     post: Vec<Item>,
     /// Remove records: last in the turn, after every record of their sessions (an end and a
     /// remove in one turn must not resurrect the session).
@@ -585,10 +616,16 @@ impl Turn {
     }
 
     fn building(&mut self, log: &Arc<SessionLog>) -> &mut Building {
+        let i = self.building_index(log);
+        &mut self.building[i]
+    }
+
+    /// Where `log`'s chunks of this turn are in `building` (added if new).
+    fn building_index(&mut self, log: &Arc<SessionLog>) -> usize {
         // Events come in runs of one session (an op's): one lookup a run.
         if let Some((id, i)) = self.last {
             if id == log.id {
-                return &mut self.building[i];
+                return i;
             }
         }
         let i = *self.index.entry(log.id).or_insert_with(|| {
@@ -601,7 +638,7 @@ impl Turn {
             self.building.len() - 1
         });
         self.last = Some((log.id, i));
-        &mut self.building[i]
+        i
     }
 
     /// Assigns the next seq of `log` to an event and adds it to the session's open chunk.
@@ -619,7 +656,8 @@ impl Turn {
         ahead: (usize, usize),
     ) -> u64 {
         let (seq, epoch) = log.assign();
-        let b = self.building(log);
+        let i = self.building_index(log);
+        let b = &mut self.building[i];
         if b.cur
             .as_ref()
             .is_some_and(|(cb, _)| cb.count() >= CHUNK_EVENTS || cb.encoded_len() >= CHUNK_BYTES)
@@ -627,9 +665,10 @@ impl Turn {
             let full = b.cur.take().expect("checked");
             b.done.push(full);
         }
+        let spare = &mut self.spare;
         let (cb, out) = b.cur.get_or_insert_with(|| {
             (
-                ChunkBuilder::default(),
+                spare.take(),
                 ChunkOut {
                     log: log.clone(),
                     first: seq,
@@ -747,6 +786,8 @@ impl Writer {
             dead_unsure: BTreeSet::new(),
             reserve_held: false,
             owed_only: false,
+            out: Vec::new(),
+            spare: Spare::default(),
         };
         // A reserve for the records a full disk may owe (see `hold_reserve`).
         w.hold_reserve();
@@ -845,6 +886,7 @@ impl Writer {
         self.rotate_if_full();
         let mut t = Turn {
             compaction_before: self.compaction,
+            spare: std::mem::take(&mut self.spare),
             ..Default::default()
         };
         match self.health() {
@@ -911,6 +953,7 @@ impl Writer {
         ops.append(&mut held);
         let must_sync = t.sync || self.store.durability == Durability::Fsync;
         if t.is_empty() && !(t.sync && self.dirty) {
+            self.spare = std::mem::take(&mut t.spare);
             self.last_written = 0;
             self.last_new = 0;
             self.publish(t, Vec::new());
@@ -928,15 +971,21 @@ impl Writer {
         }
         let copied: usize = t.copies.iter().map(|c| c.bytes.len()).sum();
         let (buf, effects) = self.encode(&mut t);
-        match self.write(&buf, must_sync) {
+        self.spare = std::mem::take(&mut t.spare);
+        let written = self.write(&buf, must_sync);
+        let len = buf.len();
+        if buf.capacity() <= OUT_CAP {
+            self.out = buf;
+        }
+        match written {
             Ok(()) => {
-                self.last_written = buf.len();
-                self.last_new = buf.len().saturating_sub(copied);
+                self.last_written = len;
+                self.last_new = len.saturating_sub(copied);
                 self.publish(t, effects);
                 self.settle_dead();
             }
             Err(w) => {
-                self.probe = self.probe.max((buf.len() * 2).clamp(1 << 20, 64 << 20));
+                self.probe = self.probe.max((len * 2).clamp(1 << 20, 64 << 20));
                 self.fail(t, w)
             }
         }
@@ -1247,7 +1296,9 @@ impl Writer {
                 t.inline.push(meta_item(&log));
                 t.acks.push(done);
             }
-            Op::Append { log, evs, done, .. } => {
+            Op::Append {
+                log, mut evs, done, ..
+            } => {
                 // After a lost append nothing more is logged for the session: later events under
                 // contiguous ids would hide the lost ones.
                 if !log.takes_appends() {
@@ -1262,7 +1313,7 @@ impl Writer {
                     evs.len(),
                     evs.iter().map(|e| e.payload.len()).sum::<usize>(),
                 );
-                for ev in evs {
+                for ev in evs.drain(..) {
                     let len = ev.payload.len();
                     last = t.add_event(
                         &log,
@@ -1275,6 +1326,7 @@ impl Writer {
                     );
                     ahead = (ahead.0 - 1, ahead.1 - len);
                 }
+                self.store.recycle(evs);
                 t.building(&log).appended = true;
                 if let Some(d) = done {
                     t.append_acks.push((d, last));
@@ -1379,7 +1431,9 @@ impl Writer {
                 cb.encoded_len() + 64 + out.completes.iter().map(|c| 2 + c.len()).sum::<usize>()
             })
             .sum();
-        let mut buf = Vec::with_capacity(64 + items + chunks);
+        let mut buf = std::mem::take(&mut self.out);
+        buf.clear();
+        buf.reserve(64 + items + chunks);
         let mut effects = Vec::new();
         let seg = self.st.active;
         let base = self.active_len;
@@ -1401,13 +1455,9 @@ impl Writer {
             }
             for (cb, out) in b.done.drain(..) {
                 let start = buf.len();
-                record::chunk(
-                    &mut buf,
-                    &out.log.id,
-                    out.first,
-                    &out.completes,
-                    &cb.finish(),
-                );
+                let value = cb.finish();
+                record::chunk(&mut buf, &out.log.id, out.first, &out.completes, &value);
+                t.spare.give(value);
                 effects.push((Effect::Chunk(Box::new(out)), place(&mut buf, start)));
             }
         }
