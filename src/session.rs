@@ -502,7 +502,7 @@ impl Session {
             }
             // Every event the last read already delivered goes to the log in one op: one
             // channel send and one writer wake-up per upstream read instead of per event.
-            let mut batch = Vec::new();
+            let mut batch = reg.log.batch();
             let mut item = Some(first);
             while let Some(it) = item.take() {
                 if let Some(ev) = self.to_event(it, received, &reg.metrics) {

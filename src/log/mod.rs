@@ -387,6 +387,12 @@ impl Log {
         self.append_many_nowait(sl, vec![ev]).await
     }
 
+    /// An empty batch to fill for [`Log::append_many_nowait`]: one the writer handed back when
+    /// it can, so that a busy upstream does not allocate one per read.
+    pub fn batch(&self) -> Vec<NewEvent> {
+        self.store.batch()
+    }
+
     /// Queues consecutive events of one session as one op (see [`Log::append_nowait`]).
     ///
     /// # Errors

@@ -672,13 +672,39 @@ pub(crate) struct Store {
     pub(super) degraded_limit: std::time::Duration,
     /// Bytes of events queued for the writer and not yet taken (what bounds its channel).
     pub(super) queued: Arc<tokio::sync::Semaphore>,
+    /// Emptied event batches handed back by the writer for the upstream pumps to fill again: a
+    /// batch is allocated by a pump's thread and freed by the writer's, which defeats the
+    /// allocator's per-thread caches on every upstream read.
+    pub(super) batches: Mutex<Vec<Vec<NewEvent>>>,
     /// Unit tests: writes still to fail, and how.
     #[cfg(test)]
     pub(super) fail_writes: Mutex<VecDeque<std::io::ErrorKind>>,
     pub(super) _lock: Option<DirLock>,
 }
 
+/// Emptied batches kept at most (each at most [`BATCH_CAP`] events, about 22 KiB).
+const BATCHES: usize = 64;
+const BATCH_CAP: usize = 256;
+
 impl Store {
+    /// An empty batch for the next upstream read's events (one handed back, or a new one).
+    pub(super) fn batch(&self) -> Vec<NewEvent> {
+        let kept = self.batches.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        kept.unwrap_or_else(|| Vec::with_capacity(16))
+    }
+
+    /// Keeps `evs` (emptied) for [`Store::batch`].
+    pub(super) fn recycle(&self, mut evs: Vec<NewEvent>) {
+        evs.clear();
+        if evs.capacity() > BATCH_CAP {
+            return;
+        }
+        let mut kept = self.batches.lock().unwrap_or_else(|e| e.into_inner());
+        if kept.len() < BATCHES {
+            kept.push(evs);
+        }
+    }
+
     /// The shared state of a log over `fs` (recovery and the writer come next).
     pub(crate) fn new(
         cfg: &LogConfig,
@@ -710,6 +736,7 @@ impl Store {
             keys,
             degraded_limit: std::time::Duration::from_secs(cfg.store_error_exit_secs),
             queued: Arc::new(tokio::sync::Semaphore::new(QUEUE_BYTES)),
+            batches: Mutex::new(Vec::new()),
             #[cfg(test)]
             fail_writes: Mutex::new(VecDeque::new()),
             _lock: lock,
