@@ -172,7 +172,9 @@ fn adv18_scanner_agrees_with_serde_on_raw_bytes() {
         agree(&base[..cut]);
     }
     for at in 0..base.len() {
-        for b in [0x00u8, 0x01, 0x1f, b'"', b'\\', b'{', b'}', b',', 0x80, 0xc3, 0xff, b' '] {
+        for b in [
+            0x00u8, 0x01, 0x1f, b'"', b'\\', b'{', b'}', b',', 0x80, 0xc3, 0xff, b' ',
+        ] {
             let mut m = base.to_vec();
             m[at] = b;
             agree(&m);

@@ -116,7 +116,11 @@ async fn adv18_reused_buffers_never_leak_across_turns_sessions_or_failures() {
             let mut ops = Vec::new();
             for &s in sessions {
                 let mut b = log.batch();
-                assert!(b.is_empty(), "a recycled batch holds {} stale events", b.len());
+                assert!(
+                    b.is_empty(),
+                    "a recycled batch holds {} stale events",
+                    b.len()
+                );
                 let n = 1 + (r * 37 + s * 11) % 300;
                 for _ in 0..n {
                     b.push(ev(s, next[s]));
@@ -150,7 +154,11 @@ async fn adv18_reused_buffers_never_leak_across_turns_sessions_or_failures() {
         }
         log.flush().await.unwrap();
         for s in 0..4 {
-            check(&format!("{durability:?} live s{s}"), &messages(&log, &sls[s]), &want[s]);
+            check(
+                &format!("{durability:?} live s{s}"),
+                &messages(&log, &sls[s]),
+                &want[s],
+            );
         }
         log.close().await.unwrap();
         drop(sls);
@@ -158,7 +166,11 @@ async fn adv18_reused_buffers_never_leak_across_turns_sessions_or_failures() {
         let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("reopen");
         for (s, id) in ids.iter().enumerate() {
             let sl = log.get(id).expect("session recovered");
-            check(&format!("{durability:?} recovered s{s}"), &messages(&log, &sl), &want[s]);
+            check(
+                &format!("{durability:?} recovered s{s}"),
+                &messages(&log, &sl),
+                &want[s],
+            );
         }
         log.close().await.unwrap();
     }

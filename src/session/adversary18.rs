@@ -64,7 +64,9 @@ async fn adv18_distinct_big_integer_ids_are_routed_to_their_own_streams() {
     register(&s, req_a, a);
     register(&s, req_b, b);
     // The upstream answers A first, echoing its id exactly.
-    let resp_a = Bytes::from_static(br#"{"jsonrpc":"2.0","id":100000000000000000001,"result":{"content":[]}}"#);
+    let resp_a = Bytes::from_static(
+        br#"{"jsonrpc":"2.0","id":100000000000000000001,"result":{"content":[]}}"#,
+    );
     let ev = s
         .route(resp_a, Instant::now(), &reg.metrics)
         .expect("routed");

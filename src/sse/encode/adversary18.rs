@@ -25,8 +25,20 @@ fn reference(out: &mut Vec<u8>, id: Option<&str>, event: Option<&str>, data: &[u
 #[test]
 fn adv18_one_line_fast_path_matches_the_line_by_line_frame() {
     let pieces: &[&[u8]] = &[
-        b"", b"{}", b"\r", b"\n", b"\r\n", b"\n\r", b"a", b"\x00", b"\x0b\x0c", b"\xff", b" ",
-        b"data: x", b"id: 5", "\u{2028}".as_bytes(),
+        b"",
+        b"{}",
+        b"\r",
+        b"\n",
+        b"\r\n",
+        b"\n\r",
+        b"a",
+        b"\x00",
+        b"\x0b\x0c",
+        b"\xff",
+        b" ",
+        b"data: x",
+        b"id: 5",
+        "\u{2028}".as_bytes(),
     ];
     let mut inputs: Vec<Vec<u8>> = Vec::new();
     for a in pieces {
@@ -49,7 +61,11 @@ fn adv18_one_line_fast_path_matches_the_line_by_line_frame() {
         }
     }
     for data in &inputs {
-        for (id, ev) in [(None, None), (Some("s:1:2"), Some("message")), (Some("a\rb"), None)] {
+        for (id, ev) in [
+            (None, None),
+            (Some("s:1:2"), Some("message")),
+            (Some("a\rb"), None),
+        ] {
             let mut want = b"prev frame\n\n".to_vec();
             let mut got = want.clone();
             let n_want = reference(&mut want, id, ev, data);
