@@ -13,6 +13,9 @@ use crate::log::cursor::Refusal;
 
 mod envelope;
 
+#[cfg(test)]
+mod adversary18;
+
 /// The deepest nesting of arrays and objects a client message may have ([`too_deep`]).
 pub const MAX_DEPTH: usize = 64;
 

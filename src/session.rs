@@ -1068,3 +1068,6 @@ pub async fn end_log(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod adversary18;

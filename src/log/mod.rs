@@ -649,3 +649,6 @@ impl Log {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod adversary18;

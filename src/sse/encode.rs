@@ -181,6 +181,9 @@ fn lines(data: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 #[cfg(test)]
+mod adversary18;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::sse::{Decoder, Event};
