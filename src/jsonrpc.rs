@@ -342,18 +342,51 @@ struct RawMeta<'a> {
 /// Unicode or not representable by most peers anyway).
 ///
 /// Arrays and objects (not valid ids) are kept as sent too: they are never parsed into a tree.
+///
+/// A number is rewritten only when `Value` holds it exactly enough that distinct numbers keep
+/// distinct forms: an integer within `i64`/`u64`, or at most 15 significant digits (what an
+/// `f64` tells apart) outside the subnormal range. Any other number is kept as sent: read as an
+/// `f64`, `100000000000000000001` and `100000000000000000002` were both `1e20`, and two requests
+/// with those ids shared one in-flight entry, the first one's answer going to the second's stream
+/// (found by the adversary review of 2026-12-04; `session/adversary18.rs`).
 pub fn canonical(raw: &RawValue) -> String {
     canonical_text(raw.get())
 }
 
-/// [`canonical`] of the text of one JSON value.
-fn canonical_text(text: &str) -> String {
+/// [`canonical`] of the text of one JSON value. Idempotent: the canonical form of a canonical
+/// form is itself.
+pub fn canonical_text(text: &str) -> String {
     if text.starts_with(['[', '{']) {
         return text.to_string();
     }
     match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Number(n)) if !exact_number(&n, text) => text.to_string(),
         Ok(v) => v.to_string(),
         Err(_) => text.to_string(),
+    }
+}
+
+/// Whether `n`, read from `text`, is held exactly enough to stand for it (see [`canonical`]).
+fn exact_number(n: &serde_json::Number, text: &str) -> bool {
+    if n.is_i64() || n.is_u64() {
+        return true;
+    }
+    let Some(f) = n.as_f64() else {
+        return false;
+    };
+    (f == 0.0 || f.abs() >= 1e-300) && significant_digits(text) <= 15
+}
+
+/// Significant digits of a JSON number's text: its mantissa without sign, point, leading or
+/// trailing zeros.
+fn significant_digits(text: &str) -> usize {
+    let mantissa = text.split(['e', 'E']).next().unwrap_or(text);
+    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
+    let start = digits.iter().position(|&d| d != b'0');
+    let end = digits.iter().rposition(|&d| d != b'0');
+    match (start, end) {
+        (Some(s), Some(e)) => e - s + 1,
+        _ => 0,
     }
 }
 
@@ -478,7 +511,8 @@ pub fn scan_id(head: &[u8], tail: &[u8]) -> Option<String> {
             if let Some(end) = end.filter(|&e| e > 0) {
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(&rest[..end]) {
                     if v.is_string() || v.is_number() {
-                        return Some(v.to_string());
+                        // The same form as the in-flight entry's key (`canonical`).
+                        return Some(canonical_text(&rest[..end]));
                     }
                 }
             }
@@ -590,9 +624,20 @@ mod tests {
         // `float_roundtrip`, 118446744073709551616 parsed to a double that printed as
         // 1.1844674407370957e+20, which parses back to a different double: the "canonical" form
         // of an id was not stable, so the same id re-serialised by a server could fail to match.
+        // Since 2026-12-04 a number beyond what an f64 tells apart is kept as sent (see
+        // `canonical`): the form is still stable.
         let id = scan_id(b"", br#","id":118446744073709551616}"#).unwrap();
-        let again: serde_json::Value = serde_json::from_str(&id).unwrap();
-        assert_eq!(again.to_string(), id);
+        assert_eq!(id, "118446744073709551616");
+        assert_eq!(canonical_text(&id), id);
+        // What an f64 holds exactly enough is still rewritten, so `1e2` and `100.0` match.
+        assert_eq!(canonical_text("1.5e3"), "1500.0");
+        assert_eq!(canonical_text("1e2"), canonical_text("100.0"));
+        // Distinct beyond an f64's precision: distinct forms (each as sent).
+        assert_ne!(
+            canonical_text("0.1000000000000000000001"),
+            canonical_text("0.1000000000000000000002")
+        );
+        assert_eq!(canonical_text("123456789012345.6"), "123456789012345.6");
         let p = peek(br#"{"id":0.30000000000000004,"result":{}}"#).unwrap();
         let id = p.id.unwrap();
         let again: serde_json::Value = serde_json::from_str(&id).unwrap();

@@ -4,16 +4,16 @@
 //! * `peek` (a byte scanner, serde_json where the scanner is not sure) gives exactly the answer
 //!   of `peek_serde` (serde_json alone, the definition) on any bytes;
 //! * `peek` never panics; when it sees a request or a response with an id, that id (and any
-//!   progress token) is canonical JSON: it parses, and re-serialising it gives the same text, so
-//!   the same id from a client and from a server compares equal as a string (except for ids that
-//!   serde_json's `Value` cannot represent, which are kept verbatim: see `jsonrpc::canonical`);
+//!   progress token) is canonical JSON: one JSON value that is its own canonical form
+//!   (`jsonrpc::canonical_text`: `Value`'s text, or as sent for what `Value` cannot hold exactly),
+//!   so the same id from a client and from a server compares equal as a string;
 //! * `scan_id(head, tail)` (the bytes split at the first byte's position) never panics, and what
 //!   it returns is the canonical form of a string or number that follows an `"id"` key in `head`
 //!   or `tail` — never an id that is not in the input.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mcp_resume_proxy::jsonrpc::{peek, peek_serde, scan_id};
+use mcp_resume_proxy::jsonrpc::{canonical_text, peek, peek_serde, scan_id};
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -36,7 +36,7 @@ fuzz_target!(|input: &[u8]| {
     if let Some(id) = scan_id(head, tail) {
         let v: Value = serde_json::from_str(&id).expect("scan_id returns JSON");
         assert!(v.is_string() || v.is_number(), "{id}");
-        assert_eq!(v.to_string(), id, "canonical");
+        assert_eq!(canonical_text(&id), id, "canonical");
         assert!(
             follows_id_key(head, &id) || follows_id_key(tail, &id),
             "{id} is not an id in the input"
@@ -45,19 +45,13 @@ fuzz_target!(|input: &[u8]| {
 });
 
 fn assert_canonical(text: &str) {
-    // Arrays and objects (no valid ids or tokens) `canonical` keeps as sent, never parsed: one
-    // JSON value, but not `Value`'s text (spaces, repeated keys).
-    let verbatim = text.starts_with(['[', '{']);
-    match serde_json::from_str::<Value>(text) {
-        Ok(v) if !verbatim => assert_eq!(v.to_string(), text, "not canonical"),
-        // What serde_json's `Value` cannot hold (a lone surrogate escape such as "\ud800", a
-        // number beyond f64, nesting deeper than 128) `canonical` keeps as sent: still exactly
-        // one JSON value.
-        _ => assert!(
-            serde_json::from_str::<&RawValue>(text).is_ok(),
-            "{text:?} is not JSON"
-        ),
-    }
+    // Its own canonical form (`Value`'s text where `Value` holds it exactly; arrays, objects and
+    // what `Value` cannot hold exactly as sent), and exactly one JSON value.
+    assert_eq!(canonical_text(text), text, "not canonical");
+    assert!(
+        serde_json::from_str::<&RawValue>(text).is_ok(),
+        "{text:?} is not JSON"
+    );
 }
 
 /// Whether some `"id"` key in `part` (read as lossy UTF-8, as `scan_id` does) is followed by a
@@ -80,9 +74,8 @@ fn follows_id_key(part: &[u8], id: &str) -> bool {
             .map(|(i, c)| i + c.len_utf8())
             .take_while(|&end| end <= bound)
             .any(|end| {
-                serde_json::from_str::<Value>(&rest[..end])
-                    .map(|v| v.to_string())
-                    .is_ok_and(|s| s == id)
+                serde_json::from_str::<&RawValue>(&rest[..end])
+                    .is_ok_and(|raw| canonical_text(raw.get()) == id)
             })
     })
 }

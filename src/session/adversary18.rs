@@ -1,14 +1,13 @@
-//! Adversarial review 18: distinct JSON-RPC ids that `jsonrpc::canonical` maps to one string.
+//! Adversarial review 18: distinct JSON-RPC ids that `jsonrpc::canonical` mapped to one string.
 //!
-//! PRE-EXISTING (not from the 2026-12-04 hot-path commits: the scanner agrees with `peek_serde`
-//! here; the collision is in `canonical`, which both use). The in-flight map is keyed by the
-//! canonical id, and `canonical` re-serialises numbers through `serde_json::Value` (f64 beyond
-//! u64/i64), so two requests whose integer ids differ beyond f64's precision share one in-flight
-//! entry: the second registration replaces the first, and an upstream that echoes ids exactly
-//! (the Python SDK: arbitrary-precision ints) has its response to the first request routed to
-//! the second request's stream, completing it; the first request is never answered (its timer
-//! went with the replaced entry). Expected to FAIL until ids that `Value` cannot hold exactly are
-//! kept as sent (or compared losslessly).
+//! Older than the 2026-12-04 hot-path commits (the scanner agrees with `peek_serde` here; the
+//! collision was in `canonical`, which both use). The in-flight map is keyed by the canonical id,
+//! and `canonical` re-serialised numbers through `serde_json::Value` (f64 beyond u64/i64), so two
+//! requests whose integer ids differ beyond f64's precision shared one in-flight entry: the second
+//! registration replaced the first, and an upstream that echoes ids exactly (the Python SDK:
+//! arbitrary-precision ints) had its response to the first request routed to the second
+//! request's stream, completing it; the first request was never answered. Both tests failed
+//! before `canonical` kept such numbers as sent; they pass since.
 
 use std::sync::Arc;
 
