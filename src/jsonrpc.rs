@@ -381,13 +381,16 @@ fn exact_number(n: &serde_json::Number, text: &str) -> bool {
 /// trailing zeros.
 fn significant_digits(text: &str) -> usize {
     let mantissa = text.split(['e', 'E']).next().unwrap_or(text);
-    let digits: Vec<u8> = mantissa.bytes().filter(u8::is_ascii_digit).collect();
-    let start = digits.iter().position(|&d| d != b'0');
-    let end = digits.iter().rposition(|&d| d != b'0');
-    match (start, end) {
-        (Some(s), Some(e)) => e - s + 1,
-        _ => 0,
+    let digits = mantissa.bytes().filter(u8::is_ascii_digit);
+    // Count from the first non-zero digit to the last one.
+    let (mut seen, mut upto) = (0, 0);
+    for d in digits.skip_while(|&d| d == b'0') {
+        seen += 1;
+        if d != b'0' {
+            upto = seen;
+        }
     }
+    upto
 }
 
 /// Reads the routing fields of one message. `None` when the bytes are not a JSON object (nor an

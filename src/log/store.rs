@@ -682,21 +682,24 @@ pub(crate) struct Store {
     pub(super) _lock: Option<DirLock>,
 }
 
-/// Emptied batches kept at most (each at most [`BATCH_CAP`] events, about 22 KiB).
+/// Emptied batches kept at most (each room for [`BATCH_MIN`] to [`BATCH_CAP`] events, at most
+/// about 22 KiB).
 const BATCHES: usize = 64;
+const BATCH_MIN: usize = 16;
 const BATCH_CAP: usize = 256;
 
 impl Store {
     /// An empty batch for the next upstream read's events (one handed back, or a new one).
     pub(super) fn batch(&self) -> Vec<NewEvent> {
         let kept = self.batches.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        kept.unwrap_or_else(|| Vec::with_capacity(16))
+        kept.unwrap_or_else(|| Vec::with_capacity(BATCH_MIN))
     }
 
-    /// Keeps `evs` (emptied) for [`Store::batch`].
+    /// Keeps `evs` (emptied) for [`Store::batch`]; not a one-event append's (the pumps would
+    /// only grow it again) nor a flood's largest.
     pub(super) fn recycle(&self, mut evs: Vec<NewEvent>) {
         evs.clear();
-        if evs.capacity() > BATCH_CAP {
+        if !(BATCH_MIN..=BATCH_CAP).contains(&evs.capacity()) {
             return;
         }
         let mut kept = self.batches.lock().unwrap_or_else(|e| e.into_inner());
