@@ -615,6 +615,8 @@ struct Target {
     admin: Option<SocketAddr>,
     /// The redis-server behind a redis path (stopped after the proxy).
     redis: Option<Proc>,
+    /// Its address (for `INFO commandstats`).
+    redis_addr: Option<SocketAddr>,
 }
 
 struct Ctx {
@@ -806,6 +808,7 @@ async fn start_target(ctx: &Ctx, mode: Mode) -> Res<Option<Target>> {
             proc: None,
             admin: None,
             redis: None,
+            redis_addr: None,
         },
         Mode::Nginx => {
             let Some(nginx) = &ctx.args.nginx else {
@@ -836,6 +839,7 @@ async fn start_target(ctx: &Ctx, mode: Mode) -> Res<Option<Target>> {
                 proc: Some(proc),
                 admin: None,
                 redis: None,
+                redis_addr: None,
             }
         }
         Mode::Fsync | Mode::Relaxed => {
@@ -852,6 +856,7 @@ async fn start_target(ctx: &Ctx, mode: Mode) -> Res<Option<Target>> {
                 admin: Some(p.admin),
                 proc: Some(p.proc),
                 redis: None,
+                redis_addr: None,
             }
         }
         Mode::RedisFsync | Mode::RedisRelaxed => {
@@ -891,9 +896,34 @@ async fn start_target(ctx: &Ctx, mode: Mode) -> Res<Option<Target>> {
                 admin: Some(p.admin),
                 proc: Some(p.proc),
                 redis: Some(redis),
+                redis_addr: Some(raddr),
             }
         }
     }))
+}
+
+/// `INFO commandstats` of the redis-server at `addr`: (command, calls), since it started.
+async fn redis_commandstats(addr: SocketAddr) -> Res<Vec<(String, u64)>> {
+    let client = redis::Client::open(format!("redis://{addr}"))?;
+    let mut c = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut c)
+        .await?;
+    // `cmdstat_xadd:calls=12,usec=...`
+    Ok(info
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = rest
+                .strip_prefix("calls=")?
+                .split(',')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((name.to_string(), calls))
+        })
+        .collect())
 }
 
 /// Opens `n` sessions on `addr`: (stream, message path).
@@ -1312,6 +1342,19 @@ async fn run(args: Args) -> Res<()> {
                     r.gaps,
                     r.dups
                 ));
+                if let Some(addr) = t.redis_addr {
+                    if let Ok(stats) = redis_commandstats(addr).await {
+                        let calls = |c: &str| stats.iter().find(|(n, _)| n == c).map_or(0, |x| x.1);
+                        let scripts = calls("evalsha") + calls("eval");
+                        ctx.line(format!(
+                            "           {:<14} redis commands: {} scripts, {} XADD ({:.1} events per script)",
+                            mode.name(),
+                            scripts,
+                            calls("xadd"),
+                            r.events as f64 / scripts.max(1) as f64
+                        ));
+                    }
+                }
                 if let (Some(hop), Some(redis)) = (r.cpu_hop, r.cpu_redis) {
                     let mev = r.events as f64 / 1e6;
                     ctx.line(format!(

@@ -13,6 +13,7 @@
 
 mod support;
 
+use std::collections::HashMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -55,13 +56,25 @@ fn tick(n: u32, ms: u32) -> Value {
     json!({"n": n, "interval_ms": ms})
 }
 
-async fn xlen(redis: &RedisServer, session: &str) -> u64 {
+/// The seq of the last event of `session`'s stream on Redis, checking on the way that its
+/// entries (chunks: id `<first seq>-0`, `n` events) hold every seq from 1, each once.
+async fn logged_head(redis: &RedisServer, session: &str) -> u64 {
     let mut c = redis.admin().await;
-    ::redis::cmd("XLEN")
+    let entries: Vec<(String, HashMap<String, String>)> = ::redis::cmd("XRANGE")
         .arg(format!("{PREFIX}:{{{session}}}:ev"))
+        .arg("-")
+        .arg("+")
         .query_async(&mut c)
         .await
-        .unwrap()
+        .unwrap();
+    let mut next = 1;
+    for (id, fields) in entries {
+        assert_eq!(id, format!("{next}-0"), "chunks are contiguous");
+        let n: u64 = fields["n"].parse().unwrap();
+        assert!(n >= 1);
+        next += n;
+    }
+    next - 1
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -92,7 +105,7 @@ async fn a_cut_call_resumes_exactly_and_another_replica_serves_the_ended_history
     // Every event is on Redis, under its seq: the priming events and the initialize answer
     // before, the call's stream.
     let head = rest.last().unwrap().seq();
-    assert_eq!(xlen(&redis, &c.session).await, head);
+    assert_eq!(logged_head(&redis, &c.session).await, head);
 
     // The session ends; another replica, which never held it, serves its history from Redis:
     // the same events under the same ids.

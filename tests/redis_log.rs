@@ -688,3 +688,272 @@ async fn the_fenced_scripts_hold_on_a_redis_cluster_of_three() {
         "sessions landed on more than one primary: {slots:?}"
     );
 }
+
+/// The raw entries of `id`'s stream: (entry id, `n`, payload bytes of the chunk).
+async fn entries(r: &RedisServer, id: &SessionId) -> Vec<(String, u64, usize)> {
+    let mut c = r.admin().await;
+    let raw: Vec<(String, std::collections::HashMap<String, Vec<u8>>)> = ::redis::cmd("XRANGE")
+        .arg(format!("{PREFIX}:{{{id}}}:ev"))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    raw.into_iter()
+        .map(|(e, f)| {
+            let n = String::from_utf8(f["n"].clone()).unwrap().parse().unwrap();
+            (e, n, f["b"].len())
+        })
+        .collect()
+}
+
+/// One append is one chunk entry while it fits; a larger one is cut at `CHUNK_EVENTS` events and
+/// at `CHUNK_BYTES` bytes (an event larger than that alone). A read from every seq, with page
+/// sizes that end inside, at and across chunks, gets exactly the events after it: the chunk
+/// holding the cursor is cut, never skipped. Payloads holding the header's own characters
+/// (newlines, spaces, digits) and every byte value come back byte for byte.
+#[tokio::test]
+async fn chunks_hold_whole_appends_and_every_cursor_reads_exactly_the_rest() {
+    use mcp_resume_proxy::log::redis::{CHUNK_BYTES, CHUNK_EVENTS};
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = new_session(&s, "a/1").await;
+    let me = owner("a/1", 1);
+    let odd = |i: u64| -> NewEvent {
+        let mut body = format!("{i} 7 12\n\n{i}\r\n 3 ").into_bytes();
+        body.extend(
+            (0..=255u8)
+                .cycle()
+                .skip(i as usize % 256)
+                .take(i as usize % 300),
+        );
+        NewEvent::new(StreamTag(2 + i % 3), Kind::Message, Bytes::from(body))
+    };
+    let mut want: Vec<NewEvent> = Vec::new();
+    let mut head = 0;
+    // 3 events; CHUNK_EVENTS + 5 (two chunks); two events around one of CHUNK_BYTES + 1 (three
+    // chunks: the big one alone); 1 event.
+    let mut big = odd(9);
+    big.payload = Bytes::from(vec![b'\n'; CHUNK_BYTES + 1]);
+    let batches: Vec<Vec<NewEvent>> = vec![
+        (0..3).map(odd).collect(),
+        (0..CHUNK_EVENTS as u64 + 5).map(odd).collect(),
+        vec![odd(1), big, odd(2)],
+        vec![odd(4)],
+    ];
+    for (b, evs) in batches.iter().enumerate() {
+        head = s
+            .append(&id, &me, head, &format!("b{b}"), evs, None)
+            .await
+            .unwrap()
+            .unwrap();
+        want.extend(
+            evs.iter()
+                .map(|e| NewEvent::new(e.stream, e.kind, e.payload.clone())),
+        );
+    }
+    assert_eq!(head, want.len() as u64);
+    let got = entries(&r, &id).await;
+    let shape: Vec<(String, u64)> = got.iter().map(|(e, n, _)| (e.clone(), *n)).collect();
+    let c = CHUNK_EVENTS as u64;
+    assert_eq!(
+        shape,
+        vec![
+            ("1-0".to_string(), 3),
+            ("4-0".to_string(), c),
+            (format!("{}-0", 4 + c), 5),
+            (format!("{}-0", 9 + c), 1),
+            (format!("{}-0", 10 + c), 1),
+            (format!("{}-0", 11 + c), 1),
+            (format!("{}-0", 12 + c), 1),
+        ]
+    );
+    for after in 0..=head {
+        for max in [1usize, 2, 3, 5, 300] {
+            let (rec, page) = s.read(&id, after, max).await.unwrap().unwrap();
+            assert_eq!(rec.ranges.head, head);
+            let seqs: Vec<u64> = page.iter().map(|e| e.seq).collect();
+            let end = head.min(after + max as u64);
+            assert_eq!(
+                seqs,
+                (after + 1..=end).collect::<Vec<_>>(),
+                "after {after} max {max}"
+            );
+            for e in &page {
+                let w = &want[e.seq as usize - 1];
+                assert_eq!((e.stream, e.kind, e.epoch), (w.stream, w.kind, 1));
+                assert_eq!(e.payload, w.payload, "seq {}", e.seq);
+            }
+        }
+    }
+}
+
+/// Retention keeps exactly the newest `max` events in the record (`oldest`, what resumes are
+/// checked against, moves one event at a time) while the stream drops only chunks wholly before
+/// it, so a long session's stream stays bounded.
+#[tokio::test]
+async fn retention_moves_oldest_exactly_and_trims_whole_chunks() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = new_session(&s, "a/1").await;
+    let me = owner("a/1", 1);
+    let mut head = 0;
+    for b in 0..200u64 {
+        let evs: Vec<NewEvent> = (0..7).map(|i| msg(b * 7 + i)).collect();
+        head = s
+            .append(&id, &me, head, &format!("b{b}"), &evs, Some(30))
+            .await
+            .unwrap()
+            .unwrap();
+        let (rec, _) = s.read(&id, u64::MAX, 1).await.unwrap().unwrap();
+        assert_eq!(rec.ranges.oldest, head.saturating_sub(29).max(1));
+    }
+    assert_eq!(head, 1400);
+    let got = entries(&r, &id).await;
+    // The oldest retained seq, 1371, is in the chunk 1366..=1372; every chunk before it within
+    // CHUNK_EVENTS of it may stay, none older.
+    let first: u64 = got[0].0.trim_end_matches("-0").parse().unwrap();
+    assert!(
+        first <= 1371,
+        "the chunk holding the oldest event stays: {first}"
+    );
+    assert!(
+        first + mcp_resume_proxy::log::redis::CHUNK_EVENTS as u64 > 1371,
+        "older chunks are trimmed: the first starts at {first}"
+    );
+    let rest = read_all(&s, &id, 1370).await;
+    assert_eq!(
+        rest.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1371..=1400).collect::<Vec<_>>()
+    );
+}
+
+/// A record written by the earlier form (one stream entry per event, fields `e`, `t`, `k`, `d`,
+/// no `lo` in the record) still reads exactly, and an owner appending to it adds chunks after
+/// those entries.
+#[tokio::test]
+async fn a_record_of_the_earlier_form_still_reads_and_takes_chunks() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let id = SessionId::random();
+    let mut c = r.admin().await;
+    let rec = format!("{PREFIX}:{{{id}}}:m");
+    let stream = format!("{PREFIX}:{{{id}}}:ev");
+    let ep = r#"[{"epoch":1,"first":1,"last":null}]"#;
+    let _: () = ::redis::cmd("HSET")
+        .arg(&rec)
+        .arg(&["owner", "a/1", "epoch", "1", "head", "3", "state", "live"])
+        .arg(&["ep", ep, "meta", "{}", "bt", "old"])
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // The first event was trimmed (MAXLEN) by the earlier form.
+    for seq in 2..=3u64 {
+        let _: String = ::redis::cmd("XADD")
+            .arg(&stream)
+            .arg(format!("{seq}-0"))
+            .arg(&["e", "1", "t", "0", "k", "0", "d"])
+            .arg(format!("old {seq}"))
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
+    let (rec0, page) = s.read(&id, 0, 10).await.unwrap().unwrap();
+    assert_eq!((rec0.ranges.oldest, rec0.ranges.head), (2, 3));
+    assert_eq!(
+        shape(&page),
+        vec![
+            (2, 1, Kind::Message, "old 2".to_string()),
+            (3, 1, Kind::Message, "old 3".to_string())
+        ]
+    );
+    let me = owner("a/1", 1);
+    let head = s
+        .append(&id, &me, 3, "new", &[msg(4), msg(5)], None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(head, 5);
+    let all = read_all(&s, &id, 1).await;
+    assert_eq!(
+        all.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![2, 3, 4, 5]
+    );
+    assert_eq!(shape(&all)[1].3, "old 3");
+}
+
+/// A writer turn's appends of several sessions go as one transaction: each script still fences
+/// its own session (a stale owner's append is refused and writes nothing, the others land), and
+/// after Redis forgot its scripts (`SCRIPT FLUSH`, as after a restart) the turn still writes
+/// every append exactly once.
+#[tokio::test]
+async fn a_turns_appends_go_together_and_each_is_fenced_on_its_own() {
+    use mcp_resume_proxy::log::redis::Append;
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let me = owner("a/1", 1);
+    let stale = owner("a/0", 1);
+    let ids: Vec<SessionId> = {
+        let mut v = Vec::new();
+        for _ in 0..4 {
+            v.push(new_session(&s, "a/1").await);
+        }
+        v
+    };
+    let batches: Vec<Vec<NewEvent>> = (0..4u64)
+        .map(|i| (0..=i).map(|j| msg(10 * i + j)).collect())
+        .collect();
+    let mut heads = [0u64; 4];
+    for round in 0..3 {
+        if round == 1 {
+            let mut c = r.admin().await;
+            let _: () = ::redis::cmd("SCRIPT")
+                .arg("FLUSH")
+                .query_async(&mut c)
+                .await
+                .unwrap();
+        }
+        let tokens: Vec<String> = (0..4).map(|i| format!("r{round}s{i}")).collect();
+        let reqs: Vec<Append<'_>> = (0..4)
+            .map(|i| Append {
+                id: &ids[i],
+                // Session 2 is written by a stale owner in round 2.
+                fence: if round == 2 && i == 2 { &stale } else { &me },
+                expected_head: heads[i],
+                batch: &tokens[i],
+                evs: &batches[i],
+                maxlen: None,
+            })
+            .collect();
+        let out = s.append_turn(&reqs).await;
+        assert_eq!(out.len(), 4);
+        for (i, o) in out.into_iter().enumerate() {
+            if round == 2 && i == 2 {
+                assert_eq!(
+                    o.unwrap(),
+                    Err(Refused::Fenced {
+                        epoch: 1,
+                        head: heads[2]
+                    })
+                );
+                continue;
+            }
+            let new = o.unwrap().unwrap();
+            assert_eq!(new, heads[i] + batches[i].len() as u64);
+            heads[i] = new;
+        }
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let rounds = if i == 2 { 2 } else { 3 };
+        let got = read_all(&s, id, 0).await;
+        let want: Vec<String> = (0..rounds)
+            .flat_map(|_| batches[i].iter())
+            .map(|e| String::from_utf8(e.payload.to_vec()).unwrap())
+            .collect();
+        assert_eq!(
+            shape(&got).into_iter().map(|x| x.3).collect::<Vec<_>>(),
+            want
+        );
+        assert_eq!(got.last().map(|e| e.seq), Some(heads[i]));
+    }
+}

@@ -6,10 +6,16 @@
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `<prefix>:{s}:m` | hash | `owner`, `epoch`, `head`, `state` (`live` / `ended`), `ep` (the epoch table, JSON), `bt` (the last batch token), `meta` (face, identity, protocol: JSON), `end_reason`, `ended_unix` |
-//! | `<prefix>:{s}:ev` | stream | entry id `<seq>-0`; fields `e` epoch, `t` stream tag, `k` kind, `d` payload |
+//! | `<prefix>:{s}:m` | hash | `owner`, `epoch`, `head`, `lo` (the oldest retained seq), `state` (`live` / `ended`), `ep` (the epoch table, JSON), `bt` (the last batch token), `meta` (face, identity, protocol: JSON), `end_reason`, `ended_unix` |
+//! | `<prefix>:{s}:ev` | stream | one entry per chunk of consecutive events of one epoch, id `<first seq>-0`; fields `e` epoch, `n` events, `b` the events (see below) |
 //! | `<prefix>:{s}:in` | hash | request in flight (canonical id) → its stream tag |
 //! | `<prefix>:{s}:ab` | hash | request answered -32091 by a takeover → the seq of that answer |
+//!
+//! A chunk is what one write adds at a time: an append's events (the writer turn's group commit),
+//! cut at [`CHUNK_EVENTS`] events or [`CHUNK_BYTES`] bytes, or one event of a takeover or an end.
+//! Its `b` is each event in turn as `<tag> <kind> <payload length>\n<payload>`: one `XADD` per
+//! chunk, not per event, is what keeps Redis's CPU and its AOF per event small. (Entries of the
+//! earlier form, one event with fields `e`, `t`, `k`, `d`, are still read.)
 //!
 //! and a doorbell, the shard channel `<prefix>:{s}:m:n`, rung with `<epoch>:<head>` after every
 //! write: it only wakes readers, who read the stream (the truth), so a lost ring delays and never
@@ -79,6 +85,23 @@ pub enum SharedError {
 /// The result of a fenced write.
 pub type Written<T> = Result<Result<T, Refused>, SharedError>;
 
+/// One session's append of a writer turn (see [`Shared::append_turn`]).
+#[derive(Debug)]
+pub struct Append<'a> {
+    /// The session.
+    pub id: &'a SessionId,
+    /// Its owner and epoch.
+    pub fence: &'a Fence,
+    /// The head the owner expects.
+    pub expected_head: u64,
+    /// The batch token.
+    pub batch: &'a str,
+    /// The events.
+    pub evs: &'a [NewEvent],
+    /// Events retained at most.
+    pub maxlen: Option<u64>,
+}
+
 /// Who writes a session: the owner's name (`<replica>/<incarnation>`) and the epoch it writes in
 /// (the fencing token; also the `{epoch}` of the event ids).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,30 +166,44 @@ impl Persistence {
     }
 }
 
+/// Events a chunk holds at most (an append of more is cut into several). The append script's
+/// trim relies on it: a chunk starting before `oldest - CHUNK_EVENTS + 1` ends before `oldest`.
+pub const CHUNK_EVENTS: usize = 256;
+/// Payload bytes a chunk holds at most, unless its one event is larger (bounds what a read copies
+/// beyond the events it was asked for).
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// The Lua every script that writes events shares: one chunk entry, one event of a chunk.
+const CHUNK: &str = r#"
+local function entry(stream, seq, epoch, n, blob)
+  redis.call('XADD', stream, string.format('%d-0', seq), 'e', epoch, 'n', n, 'b', blob)
+end
+local function ev(tag, kind, body)
+  return string.format('%s %s %d\n', tag, kind, #body) .. body
+end
+"#;
+
 /// The Lua the write scripts share: the fence. Returns a refusal, or nil and the record's fields
-/// (`owner`, `epoch`, `head`, `state`, `bt`).
+/// (`owner`, `epoch`, `head`, `state`, `bt`, `lo`).
 const FENCE: &str = r#"
 local function fence(rec, owner, epoch)
-  local m = redis.call('HMGET', rec, 'owner', 'epoch', 'head', 'state', 'bt')
+  local m = redis.call('HMGET', rec, 'owner', 'epoch', 'head', 'state', 'bt', 'lo')
   if not m[1] then return {'NOSESSION'} end
   if m[1] ~= owner or m[2] ~= epoch then return {'FENCED', m[2], m[3]} end
   if m[4] ~= 'live' then return {'ENDED', m[2], m[3]} end
   return nil, m
 end
--- Appends the events of ARGV from index `from` (tag, kind, payload, completes) after `head`, in
--- `epoch`; a completing event's request leaves the in-flight hash. Returns the new head.
-local function add_events(stream, inflight, epoch, head, from, maxlen)
-  for i = from, #ARGV, 4 do
-    head = head + 1
-    local id = string.format('%d-0', head)
-    if maxlen ~= '' then
-      redis.call('XADD', stream, 'MAXLEN', maxlen, id,
-                 'e', epoch, 't', ARGV[i], 'k', ARGV[i + 1], 'd', ARGV[i + 2])
-    else
-      redis.call('XADD', stream, id, 'e', epoch, 't', ARGV[i], 'k', ARGV[i + 1], 'd', ARGV[i + 2])
-    end
-    if ARGV[i + 3] ~= '' then redis.call('HDEL', inflight, ARGV[i + 3]) end
+-- Adds the chunks of ARGV (ARGV[7] of them from ARGV[8]: events, bytes) after `head`, in
+-- `epoch`; the requests named after them (the ones these events answer) leave the in-flight
+-- hash. Returns the new head.
+local function add_chunks(stream, inflight, epoch, head)
+  local i = 8
+  for c = 1, tonumber(ARGV[7]) do
+    entry(stream, head + 1, epoch, ARGV[i], ARGV[i + 1])
+    head = head + tonumber(ARGV[i])
+    i = i + 2
   end
+  for j = i, #ARGV do redis.call('HDEL', inflight, ARGV[j]) end
   return head
 end
 "#;
@@ -174,19 +211,30 @@ end
 /// `create`. KEYS: record. ARGV: owner, meta, epoch table.
 const CREATE: &str = r#"
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'EXISTS'} end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'head', '0', 'state', 'live',
-           'ep', ARGV[3], 'meta', ARGV[2], 'bt', '')
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', '1', 'head', '0', 'lo', '1',
+           'state', 'live', 'ep', ARGV[3], 'meta', ARGV[2], 'bt', '')
 return {'OK'}
 "#;
 
 /// `append`. KEYS: record, stream, in-flight, doorbell. ARGV: owner, epoch, expected head, batch
-/// token, maxlen (`''`: none), then per event: tag, kind, payload, completes (`''`: none).
+/// token, max events retained (`''`: no bound), events a chunk holds at most, the number of
+/// chunks, then per chunk its events and bytes, then the requests these events answer.
+/// Retention keeps the newest `max` events: `lo` (what reads report as the oldest) moves exactly,
+/// and whole chunks before it are trimmed (`MINID`; one that reaches `lo` stays).
 const APPEND: &str = r#"
 local refused, m = fence(KEYS[1], ARGV[1], ARGV[2])
 if refused then return refused end
 if m[3] ~= ARGV[3] then return {'HEAD', m[3], m[5] or ''} end
-local head = add_events(KEYS[2], KEYS[3], ARGV[2], tonumber(m[3]), 6, ARGV[5])
+local head = add_chunks(KEYS[2], KEYS[3], ARGV[2], tonumber(m[3]))
 redis.call('HSET', KEYS[1], 'head', string.format('%d', head), 'bt', ARGV[4])
+if ARGV[5] ~= '' then
+  local keep = head - tonumber(ARGV[5]) + 1
+  if keep > tonumber(m[6] or '1') then
+    redis.call('HSET', KEYS[1], 'lo', string.format('%d', keep))
+    local before = keep - tonumber(ARGV[6]) + 1
+    if before > 1 then redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', before)) end
+  end
+end
 redis.call('SPUBLISH', KEYS[4], ARGV[2] .. ':' .. string.format('%d', head))
 return {'OK', string.format('%d', head)}
 "#;
@@ -212,16 +260,16 @@ return {'OK'}
 "#;
 
 /// `end`. KEYS: record, stream, in-flight, doorbell. ARGV: owner, epoch, expected head, reason,
-/// retain secs, then per event (the answers the session owes): tag, kind, payload, completes.
-/// Then the end marker; the session's keys expire after `retain secs`.
+/// retain secs, events a chunk holds at most (unused), the number of chunks, then the chunks
+/// and requests as for `append` (the answers the session owes). Then the end marker; the
+/// session's keys expire after `retain secs`.
 const END: &str = r#"
 local refused, m = fence(KEYS[1], ARGV[1], ARGV[2])
 if refused then return refused end
 if m[3] ~= ARGV[3] then return {'HEAD', m[3], m[5] or ''} end
-local head = add_events(KEYS[2], KEYS[3], ARGV[2], tonumber(m[3]), 6, '')
+local head = add_chunks(KEYS[2], KEYS[3], ARGV[2], tonumber(m[3]))
 head = head + 1
-redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', ARGV[2], 't', '0', 'k', '3',
-           'd', cjson.encode({reason = ARGV[4]}))
+entry(KEYS[2], head, ARGV[2], '1', ev('0', '3', cjson.encode({reason = ARGV[4]})))
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'head', string.format('%d', head), 'state', 'ended',
            'end_reason', ARGV[4], 'ended_unix', now[1])
@@ -258,12 +306,12 @@ for i = 1, #inflight, 2 do
   if tonumber(tag) >= 2 then kind = '2' end
   local body = '{"jsonrpc":"2.0","id":' .. inflight[i] .. ',"error":{"code":' .. ARGV[7] .. ',"message":' ..
                msg .. ',"data":' .. data .. '}}'
-  redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', e, 't', tag, 'k', kind, 'd', body)
+  entry(KEYS[2], head, e, '1', ev(tag, kind, body))
   redis.call('HSET', KEYS[4], inflight[i], string.format('%d', head))
   aborted = aborted + 1
 end
 head = head + 1
-redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', e, 't', '0', 'k', '3', 'd', data)
+entry(KEYS[2], head, e, '1', ev('0', '3', data))
 local now = redis.call('TIME')
 redis.call('HSET', KEYS[1], 'owner', ARGV[3], 'epoch', e, 'head', string.format('%d', head),
            'state', 'ended', 'ep', cjson.encode(ep), 'end_reason', ARGV[4], 'ended_unix', now[1])
@@ -276,16 +324,53 @@ return {'OK', e, string.format('%d', head), string.format('%d', aborted)}
 "#;
 
 /// `read` (read-only). KEYS: record, stream. ARGV: after, count. The record's fields, the oldest
-/// retained entry id (`''`: none), then up to `count` entries after seq `after`, up to the head.
+/// retained seq (`''`: none), then the entries holding the events after seq `after`, up to the
+/// head, until they hold `count` events (the first may start before `after`, the last may hold
+/// more than asked: the caller cuts).
 const READ: &str = r#"
-local m = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'head', 'state', 'ep', 'meta', 'end_reason')
+local m = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'head', 'state', 'ep', 'meta', 'end_reason', 'lo')
 if not m[1] then return {} end
-local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
-local oldest = ''
-if first[1] then oldest = first[1][1] end
+local oldest = m[8]
+if not oldest then
+  -- A record of the earlier form: its first entry is its oldest event.
+  local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
+  oldest = ''
+  if first[1] then oldest = string.match(first[1][1], '^(%d+)') end
+end
+local function count(e)
+  local f = e[2]
+  for i = 1, #f, 2 do
+    if f[i] == 'n' then return tonumber(f[i + 1]) end
+  end
+  return 1
+end
 local evs = {}
-if tonumber(ARGV[1]) < tonumber(m[3]) then
-  evs = redis.call('XRANGE', KEYS[2], '(' .. ARGV[1] .. '-0', m[3] .. '-0', 'COUNT', ARGV[2])
+local after = tonumber(ARGV[1])
+local max = tonumber(ARGV[2])
+if after < tonumber(m[3]) then
+  local start = string.format('%d-0', after + 1)
+  local got = 0
+  -- The chunk that holds `after + 1` may start before it.
+  local prev = redis.call('XREVRANGE', KEYS[2], start, '-', 'COUNT', 1)
+  if prev[1] then
+    local last = tonumber(string.match(prev[1][1], '^(%d+)')) + count(prev[1]) - 1
+    if last > after then
+      evs[1] = prev[1]
+      got = last - after
+    end
+    start = '(' .. prev[1][1]
+  end
+  local stop = m[3] .. '-0'
+  while got < max do
+    local page = redis.call('XRANGE', KEYS[2], start, stop, 'COUNT', 16)
+    for _, e in ipairs(page) do
+      evs[#evs + 1] = e
+      got = got + count(e)
+      start = '(' .. e[1]
+      if got >= max then break end
+    end
+    if #page < 16 then break end
+  end
 end
 return {m[1], m[2], m[3], m[4], m[5], m[6] or '', m[7] or '', oldest, evs}
 "#;
@@ -309,15 +394,14 @@ for i = 8, #ARGV, 2 do
   if tonumber(ARGV[i + 1]) >= 2 then kind = '2' end
   local body = '{"jsonrpc":"2.0","id":' .. ARGV[i] .. ',"error":{"code":' .. ARGV[6] ..
                ',"message":' .. msg .. ',"data":' .. data .. '}}'
-  redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', e, 't', ARGV[i + 1], 'k', kind,
-             'd', body)
+  entry(KEYS[2], head, e, '1', ev(ARGV[i + 1], kind, body))
 end
 head = head + 1
-redis.call('XADD', KEYS[2], string.format('%d-0', head), 'e', e, 't', '0', 'k', '3', 'd', data)
+entry(KEYS[2], head, e, '1', ev('0', '3', data))
 local now = redis.call('TIME')
 local ep = cjson.encode({{epoch = epoch, first = first, last = cjson.null}})
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'epoch', e, 'head', string.format('%d', head),
-           'state', 'ended', 'ep', ep, 'meta', '{}', 'bt', '', 'lost', ARGV[2],
+           'lo', string.format('%d', first), 'state', 'ended', 'ep', ep, 'meta', '{}', 'bt', '', 'lost', ARGV[2],
            'end_reason', ARGV[4], 'ended_unix', now[1])
 redis.call('EXPIRE', KEYS[1], ARGV[7])
 redis.call('EXPIRE', KEYS[2], ARGV[7])
@@ -376,16 +460,17 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let fenced = |body: &str| Script::new(&format!("{FENCE}\n{body}"));
+        let fenced = |body: &str| Script::new(&format!("{CHUNK}\n{FENCE}\n{body}"));
+        let chunked = |body: &str| Script::new(&format!("{CHUNK}\n{body}"));
         Scripts {
             create: Script::new(CREATE),
             append: fenced(APPEND),
             inflight_add: fenced(INFLIGHT_ADD),
             inflight_done: fenced(INFLIGHT_DONE),
             end: fenced(END),
-            takeover: Script::new(TAKEOVER),
+            takeover: chunked(TAKEOVER),
             read: Script::new(READ),
-            recreate_lost: Script::new(RECREATE_LOST),
+            recreate_lost: chunked(RECREATE_LOST),
             heartbeat: Script::new(HEARTBEAT),
             claim: Script::new(CLAIM),
             lapsed: Script::new(LAPSED),
@@ -681,6 +766,70 @@ impl Shared {
             .await
     }
 
+    /// The appends of one writer turn, each as [`Shared::append`] would write it, and their
+    /// outcomes in the same order.
+    ///
+    /// On a single Redis they go as one transaction (`MULTI`, a script per session, `EXEC`) in one
+    /// pipeline: Redis runs them together and, with `appendfsync always`, fsyncs once for the
+    /// turn — sent as separate commands, each usually completes in its own event-loop pass and
+    /// pays its own fsync. Each script still fences its own session; one refused leaves the others
+    /// written. A Redis Cluster cannot run one transaction across slots: there each is its own
+    /// script, as with [`Shared::append`].
+    pub async fn append_turn(&self, all: &[Append<'_>]) -> Vec<Written<u64>> {
+        if all.len() == 1 || self.is_cluster() {
+            let mut out = Vec::with_capacity(all.len());
+            for a in all {
+                out.push(
+                    self.append(a.id, a.fence, a.expected_head, a.batch, a.evs, a.maxlen)
+                        .await,
+                );
+            }
+            return out;
+        }
+        let script = &self.scripts.append;
+        let invs: Vec<_> = all
+            .iter()
+            .map(|a| {
+                let maxlen = a.maxlen.map(|m| m.to_string()).unwrap_or_default();
+                let own = (a.batch, maxlen);
+                self.invocation(script, a.id, a.fence, a.expected_head, own, a.evs)
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        pipe.atomic().ignore_errors();
+        for inv in &invs {
+            pipe.invoke_script(inv);
+        }
+        type Replies = Vec<redis::RedisResult<Vec<String>>>;
+        let replies: Replies = match pipe.query_async::<Replies>(&mut self.conn.clone()).await {
+            Ok(r) if r.len() == all.len() => r,
+            Ok(r) => {
+                let e = SharedError::Reply(format!("{} replies to {} appends", r.len(), all.len()));
+                return all
+                    .iter()
+                    .map(|_| Err(SharedError::Reply(e.to_string())))
+                    .collect();
+            }
+            Err(e) => return all.iter().map(|_| Err(e.clone().into())).collect(),
+        };
+        let mut out = Vec::with_capacity(all.len());
+        for (a, reply) in all.iter().zip(replies) {
+            out.push(match reply {
+                Ok(r) => with_head(&r),
+                // Redis restarted and forgot the script: that script did not run. Once more on
+                // its own (`invoke` loads it).
+                Err(e)
+                    if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                {
+                    self.append(a.id, a.fence, a.expected_head, a.batch, a.evs, a.maxlen)
+                        .await
+                }
+                Err(e) => Err(e.into()),
+            });
+        }
+        out
+    }
+
     /// `append` and `end`: the same keys and fence, two arguments of their own, then the events.
     async fn write_events(
         &self,
@@ -691,7 +840,23 @@ impl Shared {
         own: impl redis::ToRedisArgs,
         evs: &[NewEvent],
     ) -> Written<u64> {
+        let inv = self.invocation(script, id, fence, expected_head, own, evs);
+        let r: Vec<String> = inv.invoke_async(&mut self.conn.clone()).await?;
+        with_head(&r)
+    }
+
+    /// The invocation of `append` or `end` (see [`Shared::write_events`]).
+    fn invocation<'a>(
+        &self,
+        script: &'a Script,
+        id: &SessionId,
+        fence: &Fence,
+        expected_head: u64,
+        own: impl redis::ToRedisArgs,
+        evs: &[NewEvent],
+    ) -> redis::ScriptInvocation<'a> {
         let k = self.keys(id);
+        let chunks = chunks(evs);
         let mut inv = script.prepare_invoke();
         inv.key(&k.record)
             .key(&k.stream)
@@ -700,15 +865,18 @@ impl Shared {
             .arg(&fence.owner)
             .arg(fence.epoch)
             .arg(expected_head)
-            .arg(own);
-        for ev in evs {
-            inv.arg(ev.stream.0)
-                .arg(ev.kind as u8 as u32)
-                .arg(ev.payload.as_ref())
-                .arg(ev.completes.as_deref().unwrap_or(""));
+            .arg(own)
+            .arg(CHUNK_EVENTS)
+            .arg(chunks.len());
+        for (n, blob) in &chunks {
+            inv.arg(*n).arg(blob.as_slice());
         }
-        let r: Vec<String> = inv.invoke_async(&mut self.conn.clone()).await?;
-        with_head(&r)
+        for ev in evs {
+            if let Some(request) = &ev.completes {
+                inv.arg(request.as_str());
+            }
+        }
+        inv
     }
 
     /// Takes `id` over from `dead` (its owner and epoch, as last read) for `taker`: the session
@@ -951,8 +1119,75 @@ impl Shared {
             .arg(max.max(1))
             .invoke_async(&mut self.conn.clone())
             .await?;
-        parse_read(v)
+        let Some((rec, mut evs)) = parse_read(v)? else {
+            return Ok(None);
+        };
+        // The entries may start before `after` and hold more than `max` (whole chunks).
+        let head = rec.ranges.head;
+        evs.retain(|e| e.seq > after && e.seq <= head);
+        evs.truncate(max.max(1));
+        Ok(Some((rec, evs)))
     }
+}
+
+/// `evs` as chunks (events, bytes): each at most [`CHUNK_EVENTS`] events and [`CHUNK_BYTES`] of
+/// payload (or one larger event), every event `<tag> <kind> <length>\n<payload>`.
+fn chunks(evs: &[NewEvent]) -> Vec<(usize, Vec<u8>)> {
+    use std::io::Write as _;
+    let mut out: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut rest = evs;
+    while !rest.is_empty() {
+        let (mut n, mut bytes) = (0, 0);
+        for ev in rest.iter().take(CHUNK_EVENTS) {
+            if n > 0 && bytes + ev.payload.len() > CHUNK_BYTES {
+                break;
+            }
+            n += 1;
+            bytes += ev.payload.len();
+        }
+        let mut blob = Vec::with_capacity(bytes + n * 16);
+        for ev in &rest[..n] {
+            let _ = writeln!(
+                blob,
+                "{} {} {}",
+                ev.stream.0,
+                ev.kind as u8,
+                ev.payload.len()
+            );
+            blob.extend_from_slice(&ev.payload);
+        }
+        out.push((n, blob));
+        rest = &rest[n..];
+    }
+    out
+}
+
+/// The events of a chunk entry that starts at `first`, in `epoch`.
+fn parse_chunk(first: u64, epoch: u32, n: usize, blob: Bytes) -> Option<Vec<Event>> {
+    let mut events = Vec::with_capacity(n);
+    let mut at = 0;
+    while at < blob.len() {
+        let eol = at + memchr::memchr(b'\n', &blob[at..])?;
+        let head = std::str::from_utf8(&blob[at..eol]).ok()?;
+        let mut f = head.split(' ');
+        let tag: u64 = f.next()?.parse().ok()?;
+        let kind = Kind::from_u8(f.next()?.parse().ok()?)?;
+        let len: usize = f.next()?.parse().ok()?;
+        if f.next().is_some() {
+            return None;
+        }
+        let start = eol + 1;
+        let end = start.checked_add(len).filter(|&e| e <= blob.len())?;
+        events.push(Event {
+            seq: first + events.len() as u64,
+            epoch,
+            stream: StreamTag(tag),
+            kind,
+            payload: blob.slice(start..end),
+        });
+        at = end;
+    }
+    (events.len() == n && n > 0).then_some(events)
 }
 
 /// A script's answer: `OK` and its fields, or the refusal.
@@ -1055,14 +1290,14 @@ fn parse_read(v: Value) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
     let end_reason = text(6)?;
     let oldest = match text(7)?.as_str() {
         "" => head + 1,
-        id => entry_seq(id).ok_or_else(|| bad("oldest id"))?,
+        seq => seq.parse().map_err(|_| bad("oldest"))?,
     };
-    let Value::Array(entries) = &items[8] else {
+    let Value::Array(entries) = items.into_iter().nth(8).expect("length checked") else {
         return Err(bad("entries"));
     };
     let mut events = Vec::with_capacity(entries.len());
     for e in entries {
-        events.push(parse_entry(e).ok_or_else(|| bad("entry"))?);
+        events.extend(parse_entry(e).ok_or_else(|| bad("entry"))?);
     }
     let record = Record {
         fence: Fence { owner, epoch },
@@ -1082,32 +1317,39 @@ fn entry_seq(id: &str) -> Option<u64> {
     id.strip_suffix("-0")?.parse().ok()
 }
 
-/// One stream entry: `[id, [field, value, ...]]`.
-fn parse_entry(e: &Value) -> Option<Event> {
+/// One stream entry, `[id, [field, value, ...]]`: a chunk, or one event of the earlier form.
+fn parse_entry(e: Value) -> Option<Vec<Event>> {
     let Value::Array(pair) = e else { return None };
-    let [Value::BulkString(id), Value::Array(fields)] = pair.as_slice() else {
+    let [Value::BulkString(id), Value::Array(fields)] = <[Value; 2]>::try_from(pair).ok()? else {
         return None;
     };
-    let seq = entry_seq(std::str::from_utf8(id).ok()?)?;
-    let (mut epoch, mut tag, mut kind, mut data) = (None, None, None, None);
-    for kv in fields.chunks(2) {
-        let [Value::BulkString(k), Value::BulkString(v)] = kv else {
-            return None;
-        };
-        let num = || std::str::from_utf8(v).ok()?.parse::<u64>().ok();
+    let seq = entry_seq(std::str::from_utf8(&id).ok()?)?;
+    let (mut epoch, mut n, mut blob) = (None, None, None);
+    let (mut tag, mut kind, mut data) = (None, None, None);
+    let mut fields = fields.into_iter();
+    while let (Some(Value::BulkString(k)), Some(Value::BulkString(v))) =
+        (fields.next(), fields.next())
+    {
+        let num = || std::str::from_utf8(&v).ok()?.parse::<u64>().ok();
         match k.as_slice() {
-            b"e" => epoch = Some(num()? as u32),
+            b"e" => epoch = Some(u32::try_from(num()?).ok()?),
+            b"n" => n = Some(usize::try_from(num()?).ok()?),
             b"t" => tag = Some(StreamTag(num()?)),
             b"k" => kind = Kind::from_u8(u8::try_from(num()?).ok()?),
-            b"d" => data = Some(Bytes::copy_from_slice(v)),
+            b"b" => blob = Some(Bytes::from(v)),
+            b"d" => data = Some(Bytes::from(v)),
             _ => {}
         }
     }
-    Some(Event {
+    let epoch = epoch?;
+    if let Some(blob) = blob {
+        return parse_chunk(seq, epoch, n?, blob);
+    }
+    Some(vec![Event {
         seq,
-        epoch: epoch?,
+        epoch,
         stream: tag?,
         kind: kind?,
         payload: data?,
-    })
+    }])
 }

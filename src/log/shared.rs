@@ -523,13 +523,19 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
             }
             turn.plan(op, &mut closed);
         }
-        let mut jobs = tokio::task::JoinSet::new();
+        let mut work = Vec::with_capacity(turn.sessions.len());
         for (id, steps) in std::mem::take(&mut turn.sessions) {
-            let w = written.remove(&id).unwrap_or_default();
             let base = tokens;
             tokens += steps.len() as u64 + 1;
+            work.push((id, steps, base));
+        }
+        let mut firsts = first_appends(&store, &sh, &work).await.into_iter();
+        let mut jobs = tokio::task::JoinSet::new();
+        for (id, steps, base) in work {
+            let w = written.remove(&id).unwrap_or_default();
+            let first = firsts.next().flatten();
             let (store, sh) = (store.clone(), sh.clone());
-            jobs.spawn(async move { run_session(&store, &sh, id, steps, w, base).await });
+            jobs.spawn(async move { run_session(&store, &sh, id, steps, w, base, first).await });
         }
         while let Some(r) = jobs.join_next().await {
             if let Ok((id, w, ends)) = r {
@@ -685,19 +691,89 @@ fn marker(reason: EndReason) -> Bytes {
     Bytes::from(serde_json::json!({"reason": reason.as_str()}).to_string())
 }
 
+/// A session's first append of a turn, written with the other sessions' (one transaction on a
+/// single Redis, see [`super::redis::Shared::append_turn`]): the head and epoch it was written
+/// at, and its outcome.
+struct Written1 {
+    head: u64,
+    epoch: u32,
+    r: super::redis::Written<u64>,
+}
+
+/// The batch token of a session's `n`th step in a turn whose tokens start after `base`.
+fn batch_token(sh: &SharedLog, base: u64, n: u64) -> String {
+    format!("{}:{}", sh.owner, base + n)
+}
+
+/// Writes the turn's first steps that are appends (of sessions still taking them) together, one
+/// entry per session of `work` (`None`: its first step is not such an append, or this is a Redis
+/// Cluster, where [`run_session`] writes it as before).
+async fn first_appends(
+    store: &Store,
+    sh: &SharedLog,
+    work: &[(SessionId, Vec<Step>, u64)],
+) -> Vec<Option<Written1>> {
+    if sh.shared.is_cluster() {
+        return Vec::new();
+    }
+    // (index in work, head, epoch, fence, batch) of each append written here.
+    let mut picked = Vec::new();
+    for (i, (_, steps, base)) in work.iter().enumerate() {
+        if let Some(Step::Append(log, _, _)) = steps.first() {
+            if !log.append_lost() {
+                let epoch = log.ranges().current_epoch();
+                picked.push((
+                    i,
+                    log.head(),
+                    epoch,
+                    sh.fence(log),
+                    batch_token(sh, *base, 1),
+                ));
+            }
+        }
+    }
+    let mut out: Vec<Option<Written1>> = work.iter().map(|_| None).collect();
+    if picked.is_empty() {
+        return out;
+    }
+    let reqs: Vec<super::redis::Append<'_>> = picked
+        .iter()
+        .map(|(i, head, _, fence, batch)| {
+            let (id, steps, _) = &work[*i];
+            let Some(Step::Append(_, evs, _)) = steps.first() else {
+                unreachable!("picked above")
+            };
+            super::redis::Append {
+                id,
+                fence,
+                expected_head: *head,
+                batch,
+                evs,
+                maxlen: Some(store.max_events),
+            }
+        })
+        .collect();
+    let results = sh.shared.append_turn(&reqs).await;
+    for ((i, head, epoch, _, _), r) in picked.into_iter().zip(results) {
+        out[i] = Some(Written1 { head, epoch, r });
+    }
+    out
+}
+
 /// Runs one session's steps of a turn, in order; returns its state and the ends still owed.
+/// `first`: the outcome of its first step, an append already written with the turn's others.
 async fn run_session(
     store: &Store,
     sh: &SharedLog,
     id: SessionId,
     steps: Vec<Step>,
     mut w: Written,
-    mut token: u64,
+    base: u64,
+    mut first: Option<Written1>,
 ) -> (SessionId, Written, Vec<PendingEnd>) {
     let mut owed = Vec::new();
-    for step in steps {
-        token += 1;
-        let batch = format!("{}:{token}", sh.owner);
+    for (n, step) in steps.into_iter().enumerate() {
+        let batch = batch_token(sh, base, n as u64 + 1);
         match step {
             Step::Create(log, done) => {
                 let r = async {
@@ -721,27 +797,33 @@ async fn run_session(
                         let _ = d.send(Err(e.clone()));
                     }
                 };
-                if log.append_lost() {
-                    // An earlier write was lost or fenced: nothing more is appended. Answers among
-                    // these events go with the session's end (their requests left the registry's
-                    // in-flight table when they were answered).
-                    w.refused.extend(answers(&evs));
-                    fail(StoreError::SessionEnded, acks);
-                    continue;
-                }
-                let head = log.head();
-                let epoch = log.ranges().current_epoch();
-                let r = sh
-                    .shared
-                    .append(
-                        &log.id,
-                        &sh.fence(&log),
-                        head,
-                        &batch,
-                        &evs,
-                        Some(store.max_events),
-                    )
-                    .await;
+                let (head, epoch, r) = match first.take() {
+                    Some(Written1 { head, epoch, r }) => (head, epoch, r),
+                    None if log.append_lost() => {
+                        // An earlier write was lost or fenced: nothing more is appended. Answers
+                        // among these events go with the session's end (their requests left the
+                        // registry's in-flight table when they were answered).
+                        w.refused.extend(answers(&evs));
+                        fail(StoreError::SessionEnded, acks);
+                        continue;
+                    }
+                    None => {
+                        let head = log.head();
+                        let epoch = log.ranges().current_epoch();
+                        let r = sh
+                            .shared
+                            .append(
+                                &log.id,
+                                &sh.fence(&log),
+                                head,
+                                &batch,
+                                &evs,
+                                Some(store.max_events),
+                            )
+                            .await;
+                        (head, epoch, r)
+                    }
+                };
                 match r {
                     Ok(Ok(new_head)) if new_head == head + evs.len() as u64 => {
                         let published = events(&evs, head + 1, epoch);
