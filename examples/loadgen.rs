@@ -1332,6 +1332,10 @@ async fn run(args: Args) -> Res<()> {
                 lat.push(r);
             }
             if want("throughput") {
+                let stats0 = match t.redis_addr {
+                    Some(addr) => redis_commandstats(addr).await.ok(),
+                    None => None,
+                };
                 let r = throughput(&ctx, &t).await?;
                 ctx.line(format!(
                     "throughput {:<14} {:>9.0} events/s ({} events in {:.2} s; gaps {} dups {})",
@@ -1342,9 +1346,15 @@ async fn run(args: Args) -> Res<()> {
                     r.gaps,
                     r.dups
                 ));
-                if let Some(addr) = t.redis_addr {
+                if let (Some(addr), Some(stats0)) = (t.redis_addr, stats0) {
                     if let Ok(stats) = redis_commandstats(addr).await {
-                        let calls = |c: &str| stats.iter().find(|(n, _)| n == c).map_or(0, |x| x.1);
+                        // Calls during the throughput phase only.
+                        let calls = |c: &str| {
+                            let of = |s: &[(String, u64)]| {
+                                s.iter().find(|(n, _)| n == c).map_or(0, |x| x.1)
+                            };
+                            of(&stats).saturating_sub(of(&stats0))
+                        };
                         let scripts = calls("evalsha") + calls("eval");
                         ctx.line(format!(
                             "           {:<14} redis commands: {} scripts, {} XADD ({:.1} events per script)",
