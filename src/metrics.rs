@@ -4,7 +4,8 @@
 //! counters and observes histograms (no label lookups per event).
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 pub use crate::domain::{EndReason, Facade};
@@ -40,6 +41,11 @@ pub const TASK_STATUSES: [&str; 5] = ["created", "completed", "failed", "cancell
 /// Outcomes of `mcp_resume_forwards_total`: forwarded and answered, the owner unreachable, no
 /// answer in time (never retried), a forward this replica refused (its proof did not hold).
 pub const FORWARD_OUTCOMES: [&str; 4] = ["ok", "error", "timeout", "refused"];
+
+/// What a round trip to Redis did (`log.backend = "redis"`): a writer turn's appends (one
+/// transaction on a single Redis), a read of a record and its events, any other fenced write
+/// (create, in-flight, end, takeover), a lease's renewal or claim.
+pub const REDIS_OPS: [&str; 4] = ["append", "read", "write", "lease"];
 
 /// Reasons of `mcp_resume_requests_rejected_total`.
 pub const REJECT_REASONS: [&str; 6] = [
@@ -84,6 +90,10 @@ pub struct Metrics {
     /// `mcp_resume_takeovers_total`: sessions this replica took over from a replica whose lease
     /// lapsed (their requests in flight answered -32091, their ends written).
     pub takeovers: IntCounter,
+    /// Round trips to Redis by `op` ([`REDIS_OPS`]).
+    pub redis_seconds: HistogramVec,
+    /// 1 while the doorbell's pub/sub connection to Redis is up (0 on the local backend).
+    pub redis_doorbell_up: IntGauge,
     /// `mcp_resume_sessions_active`.
     pub sessions_active: IntGauge,
     sessions_started: IntCounterVec,
@@ -192,6 +202,23 @@ impl Metrics {
                 "Sessions taken over from a replica whose lease lapsed (their in-flight requests answered -32091, their ends written).",
             )
             .unwrap(),
+            redis_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "mcp_resume_redis_seconds",
+                    "Round trips to Redis (log.backend = \"redis\"), by op: a writer turn's appends, reads, other fenced writes, leases.",
+                )
+                .buckets(vec![
+                    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    0.5, 1.0, 2.5,
+                ]),
+                &["op"],
+            )
+            .unwrap(),
+            redis_doorbell_up: IntGauge::new(
+                "mcp_resume_redis_doorbell_up",
+                "1 while the doorbell's pub/sub connection to Redis is up (mirrors follow their owners by it; while it is down they poll every 100 ms); 0 on the local backend.",
+            )
+            .unwrap(),
             sessions_active: IntGauge::new(
                 "mcp_resume_sessions_active",
                 "Live sessions (upstream link open).",
@@ -295,6 +322,11 @@ impl Metrics {
         r.register(Box::new(m.store_damage.clone())).unwrap();
         r.register(Box::new(m.fenced.clone())).unwrap();
         r.register(Box::new(m.takeovers.clone())).unwrap();
+        r.register(Box::new(m.redis_seconds.clone())).unwrap();
+        for op in REDIS_OPS {
+            m.redis_seconds.with_label_values(&[op]);
+        }
+        r.register(Box::new(m.redis_doorbell_up.clone())).unwrap();
         r.register(Box::new(m.sessions_active.clone())).unwrap();
         r.register(Box::new(m.sessions_started.clone())).unwrap();
         r.register(Box::new(m.sessions_ended.clone())).unwrap();

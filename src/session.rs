@@ -268,6 +268,12 @@ impl Session {
                 reg.metrics.upstream_error("status");
                 tracing::warn!(session = %self.log.tag, "upstream answered 404 to a POST: session lost");
                 reg.end(self, EndReason::UpstreamLost).await;
+                if request_id.is_some() {
+                    // The request was recorded in flight, so the end answered it (-32091, on its
+                    // stream, with the end): that is its answer. A 404 besides would tell the
+                    // client it was never taken while its stream says it was aborted.
+                    return Ok(());
+                }
                 Err(Error::UpstreamLost)
             }
             Err(e) => {
@@ -280,7 +286,11 @@ impl Session {
                 // On a timeout the upstream may still answer, so the request stays in flight;
                 // any other failure means the upstream did not take it.
                 if let (Some(id), false) = (&request_id, e.is_timeout()) {
-                    self.forget(id);
+                    if self.forget(id).is_none() {
+                        // Already answered meanwhile (the session's end answered it -32091, or
+                        // its timeout did): that logged answer is the one it gets.
+                        return Ok(());
+                    }
                     reg.log.inflight_done(&self.log, id).await?;
                 }
                 Err(e)

@@ -1192,3 +1192,47 @@ async fn a_mirror_keeps_following_when_the_doorbell_connection_is_killed() {
     assert_eq!(r.status, 200);
     assert_eq!(desc(&r.sse().rest().await), want);
 }
+
+/// Waits (bounded: fails the test) until `series` of `p`'s `/metrics` is `want`.
+async fn until_metric(p: &Proxy, series: &str, want: f64) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let has = p.metric(series).await;
+        if has == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} never became {want} (is {has})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The Redis backend's own metrics: every round trip is timed by op
+/// (`mcp_resume_redis_seconds{op}`), and `mcp_resume_redis_doorbell_up` follows the doorbell's
+/// pub/sub connection: 1 while it is up, 0 while Redis is gone, 1 again once it is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_round_trips_and_the_doorbell_connection_are_exported() {
+    let mut redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let a = proxy(&up, &redis, "pod-a").await;
+    let doorbell = "mcp_resume_redis_doorbell_up";
+    until_metric(&a, doorbell, 1.0).await;
+    let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(2, 50), "T").await;
+    let evs = s.rest().await;
+    assert_eq!(desc(&evs).last(), Some(&format!("response {id}")));
+    for op in ["append", "write", "read", "lease"] {
+        let series = format!("mcp_resume_redis_seconds_count{{op=\"{op}\"}}");
+        let n = a.metric(&series).await;
+        // Reads: the resume check of a GET and the reaper's; every other op is certain here.
+        if op != "read" {
+            assert!(n >= 1.0, "{series} is {n}");
+        }
+    }
+    redis.kill9();
+    until_metric(&a, doorbell, 0.0).await;
+    redis.restart().await;
+    until_metric(&a, doorbell, 1.0).await;
+}

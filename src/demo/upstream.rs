@@ -149,6 +149,13 @@ impl MemoryUpstream {
     pub fn drop_all_sessions(&self) {
         drop(self.inner.take_all(false));
     }
+
+    /// Forgets every session while its SSE stream stays open until the returned handles are
+    /// dropped: meanwhile its POSTs are answered 404, as by a server that lost the session
+    /// before its stream noticed.
+    pub fn forget_sessions(&self) -> Vec<oneshot::Sender<()>> {
+        self.inner.take_all(false)
+    }
 }
 
 impl std::fmt::Debug for Upstream {

@@ -74,6 +74,8 @@ struct Inner {
     channels: Mutex<Channels>,
     /// Whether the pub/sub connection is up (its channels subscribed).
     connected: AtomicBool,
+    /// `mcp_resume_redis_doorbell_up`: `connected`, exported.
+    up: prometheus::IntGauge,
     /// Registration ids.
     next: AtomicU64,
     /// To the subscriber task.
@@ -106,7 +108,11 @@ impl Doorbell {
     ///
     /// # Errors
     /// When `url` is not a Redis URL.
-    pub(crate) fn start(url: &str, cluster: bool) -> RedisResult<Doorbell> {
+    pub(crate) fn start(
+        url: &str,
+        cluster: bool,
+        up: prometheus::IntGauge,
+    ) -> RedisResult<Doorbell> {
         let info = url.into_connection_info()?;
         let settings = info
             .redis_settings()
@@ -122,6 +128,7 @@ impl Doorbell {
         let inner = Arc::new(Inner {
             channels: Mutex::new(HashMap::new()),
             connected: AtomicBool::new(false),
+            up,
             next: AtomicU64::new(0),
             cmds: tx,
         });
@@ -350,6 +357,7 @@ async fn run(
             if ok {
                 let Some(i) = inner.upgrade() else { return };
                 i.connected.store(true, Ordering::Release);
+                i.up.set(1);
                 if dropped {
                     tracing::info!(
                         channels = registered.len(),
@@ -368,6 +376,7 @@ async fn run(
                 }
                 let Some(i) = inner.upgrade() else { return };
                 i.connected.store(false, Ordering::Release);
+                i.up.set(0);
                 // Followers switch to the fast poll now, not after their safety poll.
                 i.wake_all();
                 tracing::info!("the doorbell's pub/sub connection dropped; reconnecting");

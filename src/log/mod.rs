@@ -194,9 +194,10 @@ impl Log {
             Some(k) => k.clone(),
             None => Keyring::load_or_create(&dir)?,
         };
-        let sh = redis::Shared::connect(&cfg.redis.url, &cfg.redis.key_prefix)
+        let mut sh = redis::Shared::connect(&cfg.redis.url, &cfg.redis.key_prefix)
             .await
             .map_err(|e| StoreError::Shared(e.to_string()))?;
+        sh.time_with(metrics.redis_seconds.clone());
         if cfg.durability == crate::config::Durability::Fsync {
             let refusal = sh
                 .fsync_refusal()
@@ -209,8 +210,12 @@ impl Log {
         let mut inc = [0u8; 8];
         getrandom::getrandom(&mut inc).expect("OS random source");
         // One pub/sub connection per process wakes the mirrors' followers.
-        let doorbell = doorbell::Doorbell::start(&cfg.redis.url, sh.is_cluster())
-            .map_err(|e| StoreError::Shared(e.to_string()))?;
+        let doorbell = doorbell::Doorbell::start(
+            &cfg.redis.url,
+            sh.is_cluster(),
+            metrics.redis_doorbell_up.clone(),
+        )
+        .map_err(|e| StoreError::Shared(e.to_string()))?;
         let sh = Arc::new(shared::SharedLog {
             shared: sh,
             owner: format!("{}/{:016x}", settings.replica_id, u64::from_le_bytes(inc)),

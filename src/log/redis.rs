@@ -530,6 +530,8 @@ pub struct Shared {
     primaries: Vec<String>,
     prefix: String,
     scripts: Scripts,
+    /// Times each round trip by op (`mcp_resume_redis_seconds`), once set.
+    timer: Option<prometheus::HistogramVec>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -572,7 +574,20 @@ impl Shared {
             primaries,
             prefix: prefix.to_string(),
             scripts: Scripts::new(),
+            timer: None,
         })
+    }
+
+    /// Times every round trip from now on in `h` (labelled by op: [`crate::metrics::REDIS_OPS`]).
+    pub fn time_with(&mut self, h: prometheus::HistogramVec) {
+        self.timer = Some(h);
+    }
+
+    /// A timer of one round trip of `op`, observed when dropped.
+    fn time(&self, op: &str) -> Option<prometheus::HistogramTimer> {
+        self.timer
+            .as_ref()
+            .map(|h| h.with_label_values(&[op]).start_timer())
     }
 
     /// Whether this is a Redis Cluster.
@@ -640,6 +655,7 @@ impl Shared {
         owner: &str,
         meta: &str,
     ) -> Result<bool, SharedError> {
+        let _t = self.time("write");
         let k = self.keys(id);
         let ep = serde_json::to_string(&[EpochRange {
             epoch: 1,
@@ -675,6 +691,7 @@ impl Shared {
         evs: &[NewEvent],
         maxlen: Option<u64>,
     ) -> Written<u64> {
+        let _t = self.time("append");
         let maxlen = maxlen.map(|m| m.to_string()).unwrap_or_default();
         let script = &self.scripts.append;
         self.write_events(script, id, fence, expected_head, (batch, maxlen), evs)
@@ -690,6 +707,7 @@ impl Shared {
         request_id: &str,
         stream: StreamTag,
     ) -> Written<Option<StreamTag>> {
+        let _t = self.time("write");
         let k = self.keys(id);
         let r: Vec<String> = self
             .scripts
@@ -722,6 +740,7 @@ impl Shared {
         fence: &Fence,
         request_id: &str,
     ) -> Written<()> {
+        let _t = self.time("write");
         let k = self.keys(id);
         let r: Vec<String> = self
             .scripts
@@ -741,6 +760,7 @@ impl Shared {
     /// # Errors
     /// [`SharedError`] when Redis fails or answers something unexpected.
     pub async fn inflight(&self, id: &SessionId) -> Result<Vec<(String, StreamTag)>, SharedError> {
+        let _t = self.time("read");
         let k = self.keys(id);
         let all: Vec<(String, u64)> = redis::cmd("HGETALL")
             .arg(&k.inflight)
@@ -760,6 +780,7 @@ impl Shared {
         evs: &[NewEvent],
         retain_secs: u64,
     ) -> Written<u64> {
+        let _t = self.time("write");
         let script = &self.scripts.end;
         let args = (reason, retain_secs.max(1));
         self.write_events(script, id, fence, expected_head, args, evs)
@@ -786,6 +807,7 @@ impl Shared {
             }
             return out;
         }
+        let _t = self.time("append");
         let script = &self.scripts.append;
         let invs: Vec<_> = all
             .iter()
@@ -890,6 +912,7 @@ impl Shared {
         message: &str,
         retain_secs: u64,
     ) -> Written<Takeover> {
+        let _t = self.time("write");
         let k = self.keys(id);
         let r: Vec<String> = self
             .scripts
@@ -940,6 +963,7 @@ impl Shared {
         message: &str,
         retain_secs: u64,
     ) -> Result<bool, SharedError> {
+        let _t = self.time("write");
         let k = self.keys(id);
         let mut inv = self.scripts.recreate_lost.prepare_invoke();
         inv.key(&k.record)
@@ -979,6 +1003,7 @@ impl Shared {
         addr: &str,
         register: bool,
     ) -> Result<Option<u64>, SharedError> {
+        let _t = self.time("lease");
         let (zset, addrs) = self.nodes();
         let r: Vec<String> = self
             .scripts
@@ -1003,6 +1028,7 @@ impl Shared {
 
     /// The nodes whose lease has lapsed on Redis's clock.
     pub async fn lapsed(&self) -> Result<Vec<String>, SharedError> {
+        let _t = self.time("lease");
         let (zset, _) = self.nodes();
         Ok(self
             .scripts
@@ -1015,6 +1041,7 @@ impl Shared {
     /// Claims a node whose lease has lapsed, for the caller to take its sessions over: `true`
     /// for the one claimer that removed it, `false` when it is alive again or claimed already.
     pub async fn claim(&self, node: &str) -> Result<bool, SharedError> {
+        let _t = self.time("lease");
         let (zset, addrs) = self.nodes();
         let r: Vec<String> = self
             .scripts
@@ -1033,6 +1060,7 @@ impl Shared {
 
     /// The internal address `node` last announced.
     pub async fn node_addr(&self, node: &str) -> Result<Option<String>, SharedError> {
+        let _t = self.time("read");
         let (_, addrs) = self.nodes();
         Ok(redis::cmd("HGET")
             .arg(addrs)
@@ -1048,6 +1076,7 @@ impl Shared {
     /// Notes that `node` owns `id` — before the record is created, so the set is a superset and
     /// a reaper finds every session a dead node may have left.
     pub async fn own(&self, node: &str, id: &SessionId) -> Result<(), SharedError> {
+        let _t = self.time("write");
         let _: i64 = redis::cmd("SADD")
             .arg(self.owned_key(node))
             .arg(id.to_string())
@@ -1058,6 +1087,7 @@ impl Shared {
 
     /// The sessions `node` noted as its own.
     pub async fn owned(&self, node: &str) -> Result<Vec<SessionId>, SharedError> {
+        let _t = self.time("read");
         let ids: Vec<String> = redis::cmd("SMEMBERS")
             .arg(self.owned_key(node))
             .query_async(&mut self.conn.clone())
@@ -1070,6 +1100,7 @@ impl Shared {
     /// # Errors
     /// [`SharedError`] when Redis fails.
     pub async fn listed(&self, node: &str) -> Result<bool, SharedError> {
+        let _t = self.time("lease");
         let (zset, _) = self.nodes();
         let score: Option<f64> = redis::cmd("ZSCORE")
             .arg(zset)
@@ -1084,6 +1115,7 @@ impl Shared {
     /// # Errors
     /// [`SharedError`] when Redis fails.
     pub async fn disown(&self, node: &str, id: &SessionId) -> Result<(), SharedError> {
+        let _t = self.time("write");
         let _: i64 = redis::cmd("SREM")
             .arg(self.owned_key(node))
             .arg(id.to_string())
@@ -1094,6 +1126,7 @@ impl Shared {
 
     /// Forgets `node`'s set (after every session in it was taken over).
     pub async fn disown_all(&self, node: &str) -> Result<(), SharedError> {
+        let _t = self.time("write");
         let _: i64 = redis::cmd("DEL")
             .arg(self.owned_key(node))
             .query_async(&mut self.conn.clone())
@@ -1109,6 +1142,7 @@ impl Shared {
         after: u64,
         max: usize,
     ) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
+        let _t = self.time("read");
         let k = self.keys(id);
         let v: Value = self
             .scripts

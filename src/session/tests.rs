@@ -365,3 +365,40 @@ async fn the_end_answers_what_was_in_flight_and_no_more_events_are_logged() {
         Err(Error::UnknownSession)
     ));
 }
+
+/// A request the upstream refuses with 404 (it lost the session before its stream noticed) after
+/// the proxy recorded it in flight: the session ends and the request's one answer is the end's
+/// -32091 on its stream, so the POST is accepted (a 404 besides would tell the client it was
+/// never taken). A notification in the same position gets the 404.
+#[tokio::test(start_paused = true)]
+async fn a_request_the_upstream_refuses_404_gets_its_answer_on_the_stream_not_a_404() {
+    let fx = fixture(|_| {}).await;
+    let s = open(&fx, Facade::Streamable, Owner::Unknown).await;
+    let post = s.new_post_stream();
+    let _open = fx.up.forget_sessions();
+    let body = Bytes::from(call(9, "echo", json!({"text": "x"}), None).to_string());
+    let peek = jsonrpc::peek(&body).unwrap();
+    s.forward(&fx.reg, body, &peek, post)
+        .await
+        .expect("accepted: its answer is the end's -32091");
+    assert!(s.is_ended());
+    let evs = events(&fx, &s);
+    let answers: Vec<&Value> = evs
+        .iter()
+        .filter(|(t, _, v)| *t == post && v["id"] == 9)
+        .map(|(_, _, v)| v)
+        .collect();
+    assert_eq!(answers.len(), 1, "{evs:?}");
+    assert_eq!(answers[0]["error"]["code"], -32091);
+    assert_eq!(answers[0]["error"]["data"]["reason"], "upstream_lost");
+
+    let t = open(&fx, Facade::Legacy, Owner::Unknown).await;
+    let _open = fx.up.forget_sessions();
+    let note = Bytes::from(r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{}}"#);
+    let peek = jsonrpc::peek(&note).unwrap();
+    let r = t
+        .forward(&fx.reg, note, &peek, StreamTag::LEGACY)
+        .await
+        .expect_err("a notification has no answer to carry the news");
+    assert!(matches!(r, Error::UpstreamLost), "{r:?}");
+}
