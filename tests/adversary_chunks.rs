@@ -1,7 +1,7 @@
 //! Adversarial review of the Redis backend's chunk form (one stream entry per chunk of an append),
 //! its retention (`lo` in the record, `XTRIM MINID` of whole chunks) and the writer turn's
 //! transaction (`MULTI`, one script per session, `EXEC`), against a real `redis-server` on
-//! loopback. A test that fails states the behaviour expected; the others are regression probes.
+//! loopback. The two FINDING tests failed before their fixes; the others are regression probes.
 //!
 //! Run: `cargo test --test adversary_chunks` (needs `redis-server`).
 
@@ -111,7 +111,7 @@ async fn entries(r: &RedisServer, id: &SessionId) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// FINDING. A record of the earlier form (no `lo`) whose stream the earlier code trimmed with
+/// FINDING (fixed: the append script floors a missing `lo` at the first entry). A record of the earlier form (no `lo`) whose stream the earlier code trimmed with
 /// `MAXLEN` (oldest retained: 11), appended to by the chunk form with a larger bound (the
 /// operator raised `log.max_events_per_session` with the upgrade): the append script takes a
 /// missing `lo` as 1, so `keep = head - max + 1` (here 7) is written as `lo` although events 7..10
@@ -589,7 +589,7 @@ async fn open_replica(
     Log::open_shared(&cfg, &settings, metrics).await.unwrap().0
 }
 
-/// FINDING. Two replicas must agree on which cursors are trimmed. The owner's append of 300
+/// FINDING (fixed: `forget_window` moves `oldest` as the landed write trimmed it). Two replicas must agree on which cursors are trimmed. The owner's append of 300
 /// events (retention: 10) lands on Redis but its reply is lost (the connection drops): the writer
 /// takes it as an unknown outcome, and the session's end then finds its own batch token in the
 /// record (the write landed), adopts the head (`forget_window`) and writes the end after it. Redis

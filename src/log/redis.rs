@@ -228,8 +228,17 @@ if m[3] ~= ARGV[3] then return {'HEAD', m[3], m[5] or ''} end
 local head = add_chunks(KEYS[2], KEYS[3], ARGV[2], tonumber(m[3]))
 redis.call('HSET', KEYS[1], 'head', string.format('%d', head), 'bt', ARGV[4])
 if ARGV[5] ~= '' then
+  local lo = tonumber(m[6])
+  if not lo then
+    -- A record of the earlier form (trimmed by MAXLEN, no `lo`): its first entry is its
+    -- oldest event, and `lo` never goes below it.
+    local first = redis.call('XRANGE', KEYS[2], '-', '+', 'COUNT', 1)
+    lo = head + 1
+    if first[1] then lo = tonumber(string.match(first[1][1], '^(%d+)')) end
+    redis.call('HSET', KEYS[1], 'lo', string.format('%d', lo))
+  end
   local keep = head - tonumber(ARGV[5]) + 1
-  if keep > tonumber(m[6] or '1') then
+  if keep > lo then
     redis.call('HSET', KEYS[1], 'lo', string.format('%d', keep))
     local before = keep - tonumber(ARGV[6]) + 1
     if before > 1 then redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', before)) end

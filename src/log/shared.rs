@@ -979,7 +979,7 @@ async fn end(
                 // Our write whose reply was lost did land: its events are in Redis, not in the
                 // window. Readers read them from Redis from now on; the end goes after them.
                 tracing::warn!(session = %log.tag, "a write whose reply was lost had landed; its events are served from the shared log");
-                log.forget_window(theirs);
+                log.forget_window(theirs, store.max_events);
                 head = theirs;
                 w.unknown = None;
                 w.in_unknown.clear();

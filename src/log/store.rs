@@ -423,13 +423,18 @@ impl SessionLog {
 
     /// Shared log: a write whose reply was lost had landed, up to `head`: the window no longer
     /// holds everything up to the head, so reads go to the shared log.
-    pub(super) fn forget_window(&self, head: u64) {
+    /// The oldest retained seq moves as the write trimmed it on the shared record (at most
+    /// `max_events` retained), so this replica refuses the cursors every other one refuses.
+    pub(super) fn forget_window(&self, head: u64, max_events: u64) {
         {
             let mut st = self.lock();
             st.window.clear();
             st.window_bytes = 0;
             st.ranges.head = head;
             st.assigned = head;
+            if (head + 1).saturating_sub(st.ranges.oldest) > max_events {
+                st.ranges.oldest = head + 1 - max_events;
+            }
         }
         self.wake();
     }
