@@ -8,7 +8,8 @@ the log), `mcp_resume_store_damage_total` (design.md §10b: damaged records foun
 `mcp_resume_dropped_total`, the security counters of design.md §11
 (`mcp_resume_requests_rejected_total`, `mcp_resume_auth_rejected_total`) and the 2026-07-28 face's
 of §12 (`mcp_resume_tasks_total`, `mcp_resume_upstream_pool_sessions`) and the shared log's of
-§13 (`mcp_resume_fenced_total`, `mcp_resume_takeovers_total`, `mcp_resume_forwards_total`). When ../shared/design.md
+§13 (`mcp_resume_fenced_total`, `mcp_resume_takeovers_total`, `mcp_resume_forwards_total`,
+`mcp_resume_redis_seconds`, `mcp_resume_redis_doorbell_up`). When ../shared/design.md
 is present, `design_metrics()` reads the table and the checks compare it with this copy, so the
 two cannot drift apart unnoticed.
 """
@@ -63,6 +64,9 @@ EXTRA_METRICS = {
     "mcp_resume_fenced_total": ("counter", ()),
     "mcp_resume_takeovers_total": ("counter", ()),
     "mcp_resume_forwards_total": ("counter", ("outcome",)),
+    # Round trips to Redis by op, and whether the doorbell's pub/sub connection is up.
+    "mcp_resume_redis_seconds": ("histogram", ("op",)),
+    "mcp_resume_redis_doorbell_up": ("gauge", ()),
 }
 ALL_METRICS = {**METRICS, **EXTRA_METRICS}
 
@@ -85,6 +89,8 @@ REJECT_REASONS = ("origin_not_allowed", "host_not_allowed", "identity_required",
 TASK_STATUSES = ("created", "completed", "failed", "cancelled", "expired")
 # src/metrics.rs FORWARD_OUTCOMES.
 FORWARD_OUTCOMES = ("ok", "error", "timeout", "refused")
+# src/metrics.rs REDIS_OPS.
+REDIS_OPS = ("append", "read", "write", "lease")
 
 # Metrics that queries may name besides the proxy's own.
 PROMETHEUS_METRICS = {"up"}

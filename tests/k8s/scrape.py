@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import sys
 
-from common import (ALL_METRICS, DROPPED_REASONS, ENDED_REASONS, FACADES, FORWARD_OUTCOMES, REFUSAL_REASONS, REJECT_REASONS,
+from common import (ALL_METRICS, DROPPED_REASONS, ENDED_REASONS, FACADES, FORWARD_OUTCOMES, REDIS_OPS, REFUSAL_REASONS, REJECT_REASONS,
                     TASK_STATUSES, Checks)
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\d+)?$")
@@ -68,6 +68,10 @@ def main(path: str, max_total_bytes: str) -> int:
     ):
         c.check(set(known) <= values_of(fam, label),
                 f"{fam} exports every {label} from the start (has {sorted(values_of(fam, label))})")
+    ops = {s[1].get("op") for s in samples if s[0] == "mcp_resume_redis_seconds_count"}
+    c.check(set(REDIS_OPS) <= ops, f"mcp_resume_redis_seconds exports every op from the start (has {sorted(ops)})")
+    c.eq([s[2] for s in samples if s[0] == "mcp_resume_redis_doorbell_up"], [0.0],
+         "mcp_resume_redis_doorbell_up is 0 on the local backend")
     for fam in ("mcp_resume_fenced_total", "mcp_resume_takeovers_total"):
         c.eq([s[2] for s in samples if s[0] == fam], [0.0], f"{fam} is 0 on a fresh start")
     pool = [s[2] for s in samples if s[0] == "mcp_resume_upstream_pool_sessions"]
