@@ -8,6 +8,13 @@
 //! `Host`, no `Origin`, and a timeout (some servers never answer a POST for a dead session).
 //! There is no read timeout on the stream: legacy TypeScript servers send no keepalive, so an idle
 //! stream is normal; TCP keepalive and POST failures detect a dead peer.
+//!
+//! The stream's GET does not go through hyper's client: [`connect`] opens its connection with the
+//! same [`Connector`], writes the request and reads the response itself ([`http1`]), so that one
+//! socket read yields every event the upstream has written, not one HTTP chunk per poll. The POSTs
+//! use hyper's pooled client.
+
+pub mod http1;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,11 +25,11 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::config::{origin_of, HttpUrl, UpstreamConfig};
@@ -34,13 +41,17 @@ use crate::sse;
 pub enum UpstreamError {
     /// The connection or the request failed.
     #[error("cannot reach the upstream")]
-    Connect(#[source] hyper_util::client::legacy::Error),
+    Connect(#[source] BoxError),
     /// The upstream answered with an unexpected status.
     #[error("the upstream answered {0}")]
     Status(StatusCode),
-    /// The upstream's SSE stream broke.
+    /// The upstream's SSE stream broke: reading its connection failed.
     #[error("the upstream's stream failed")]
-    Stream(#[source] hyper::Error),
+    Stream(#[source] std::io::Error),
+    /// The upstream's answer to the SSE GET is not valid HTTP/1.1 (its head, or its body's
+    /// framing; the source says what was wrong).
+    #[error("the upstream's stream is malformed")]
+    Framing(#[source] http1::Error),
     /// The stream ended before the `endpoint` event.
     #[error("the upstream's stream ended before its `endpoint` event")]
     NoEndpoint,
@@ -81,8 +92,19 @@ impl UpstreamError {
     }
 }
 
-/// The shared HTTP client for upstream requests (pooled for POSTs).
-pub type HttpClient = Client<Connector, Full<Bytes>>;
+/// The shared upstream client: hyper's pool for the POSTs, and the connector with which
+/// [`connect`] opens each SSE stream's own connection. Cloning is shallow.
+#[derive(Clone)]
+pub struct HttpClient {
+    pool: Client<Connector, Full<Bytes>>,
+    connector: Connector,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient").finish_non_exhaustive()
+    }
+}
 
 /// How the upstream is reached: over the network (TCP; TLS for `https://`), or — in unit tests —
 /// through an in-memory pipe to an upstream served in the same process.
@@ -196,10 +218,11 @@ impl tower_service::Service<Uri> for Connector {
     }
 }
 
-fn build(conn: Connector) -> HttpClient {
-    Client::builder(TokioExecutor::new())
+fn build(connector: Connector) -> HttpClient {
+    let pool = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
-        .build(conn)
+        .build(connector.clone());
+    HttpClient { pool, connector }
 }
 
 /// Builds the upstream client: TCP keepalive so a silently dead upstream is noticed, no Nagle,
@@ -295,9 +318,20 @@ pub enum UpstreamItem {
     },
 }
 
-/// Reads events from the upstream SSE body.
+/// Bytes asked of each read of the upstream connection: room for every event a busy upstream
+/// wrote since the last read.
+const READ_SIZE: usize = 64 * 1024;
+
+/// Reads events from the upstream SSE body: socket reads, through the body's framing, into the
+/// SSE decoder.
 pub struct UpstreamReader {
-    body: Incoming,
+    io: TokioIo<Io>,
+    /// Bytes read and not yet de-framed (at most a partial chunk size or trailer line).
+    raw: BytesMut,
+    body: http1::BodyDecoder,
+    /// `None` while the body goes on; then how it ended, said once its events are all out.
+    end: Option<Result<(), http1::Error>>,
+    /// Body bytes not yet decoded as events.
     buf: BytesMut,
     decoder: sse::Decoder,
 }
@@ -320,26 +354,134 @@ impl UpstreamReader {
         }
     }
 
-    /// The next item; `Ok(None)` at a clean end of stream.
+    /// The next item; `Ok(None)` at a clean end of stream. An event cut short by the end is
+    /// dropped, never yielded (WHATWG).
     ///
     /// # Errors
-    /// [`UpstreamError::Stream`] when the stream fails mid-way.
+    /// [`UpstreamError::Stream`] when reading the connection fails mid-way;
+    /// [`UpstreamError::Framing`] when the body's framing is broken or cut short (after the
+    /// events framed correctly before the fault).
     pub async fn next(&mut self) -> Result<Option<UpstreamItem>, UpstreamError> {
         loop {
             if let Some(item) = self.next_buffered() {
                 return Ok(Some(item));
             }
-            match self.body.frame().await {
-                None => return Ok(None),
-                Some(Err(e)) => return Err(UpstreamError::Stream(e)),
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
-                    }
+            if let Some(end) = self.end {
+                // Said once; a caller that asks again hears a plain end.
+                self.end = Some(Ok(()));
+                return end.map(|()| None).map_err(UpstreamError::Framing);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads the connection once, de-framing what came into `buf`.
+    async fn fill(&mut self) -> Result<(), UpstreamError> {
+        self.raw.reserve(READ_SIZE);
+        match self.io.read_buf(&mut self.raw).await {
+            Err(e) => {
+                self.end = Some(Ok(()));
+                Err(UpstreamError::Stream(e))
+            }
+            Ok(0) => {
+                self.end = Some(self.body.finish());
+                Ok(())
+            }
+            Ok(_) => {
+                match self.body.decode(&mut self.raw, &mut self.buf) {
+                    Ok(false) => {}
+                    Ok(true) => self.end = Some(Ok(())),
+                    Err(e) => self.end = Some(Err(e)),
                 }
+                Ok(())
             }
         }
     }
+}
+
+/// The request line and fields of the SSE GET: what hyper's client sent for it (origin-form
+/// target, `Host` from the URL without a default port, no body), plus ours.
+fn sse_request(uri: &Uri) -> Result<Vec<u8>, UpstreamError> {
+    let host = uri
+        .host()
+        .ok_or_else(|| UpstreamError::Connect("the SSE URL has no host".into()))?;
+    let default_port = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let host = match uri.port_u16() {
+        Some(port) if port != default_port => format!("{host}:{port}"),
+        _ => host.to_string(),
+    };
+    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    // The connection ends with the stream, never back to a pool: a server that ends a session
+    // completes the response, and may close the connection right after (the Python SDK's legacy
+    // endpoint under uvicorn does, its handler sending a second response).
+    Ok(format!(
+        "GET {target} HTTP/1.1\r\nhost: {host}\r\naccept: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n"
+    )
+    .into_bytes())
+}
+
+/// Opens a connection for the SSE GET, sends it, and reads the response head.
+async fn open_stream(
+    set: &UpstreamSettings,
+    client: &HttpClient,
+) -> Result<UpstreamReader, UpstreamError> {
+    let uri: Uri = set
+        .sse_url
+        .to_url()
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| UpstreamError::Request(e.into()))?;
+    let request = sse_request(&uri)?;
+    let mut connector = client.connector.clone();
+    std::future::poll_fn(|cx| tower_service::Service::poll_ready(&mut connector, cx))
+        .await
+        .map_err(UpstreamError::Connect)?;
+    let io = tower_service::Service::call(&mut connector, uri)
+        .await
+        .map_err(UpstreamError::Connect)?;
+    let mut io = TokioIo::new(io);
+    let sent = async {
+        io.write_all(&request).await?;
+        io.flush().await
+    };
+    sent.await.map_err(|e| UpstreamError::Connect(e.into()))?;
+    let mut raw = BytesMut::with_capacity(READ_SIZE);
+    let head = loop {
+        if let Some(head) = http1::parse_head(&mut raw).map_err(UpstreamError::Framing)? {
+            break head;
+        }
+        raw.reserve(READ_SIZE);
+        let n = io
+            .read_buf(&mut raw)
+            .await
+            .map_err(|e| UpstreamError::Connect(e.into()))?;
+        if n == 0 {
+            return Err(UpstreamError::Connect(
+                "the upstream closed the connection before its response head".into(),
+            ));
+        }
+    };
+    if head.status != StatusCode::OK {
+        return Err(UpstreamError::Status(head.status));
+    }
+    let mut reader = UpstreamReader {
+        io,
+        raw,
+        body: http1::BodyDecoder::new(head.framing),
+        end: None,
+        buf: BytesMut::with_capacity(8 * 1024),
+        decoder: sse::Decoder::new(set.max_event_bytes),
+    };
+    // The body's first bytes may have come with the head.
+    match reader.body.decode(&mut reader.raw, &mut reader.buf) {
+        Ok(false) => {}
+        Ok(true) => reader.end = Some(Ok(())),
+        Err(e) => reader.end = Some(Err(e)),
+    }
+    Ok(reader)
 }
 
 /// Opens the upstream SSE stream and waits for its `endpoint` event.
@@ -352,27 +494,7 @@ pub async fn connect(
     client: &HttpClient,
 ) -> Result<(UpstreamLink, UpstreamReader), UpstreamError> {
     let fut = async {
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(set.sse_url.to_url())
-            .header(header::ACCEPT, "text/event-stream")
-            .header(header::CACHE_CONTROL, "no-cache")
-            // The connection ends with the stream, never back to the pool: a server that ends
-            // a session completes the response, and may close the connection right after (the
-            // Python SDK's legacy endpoint under uvicorn does, its handler sending a second
-            // response): a request the pool sent on it in between would be cut.
-            .header(header::CONNECTION, "close")
-            .body(Full::new(Bytes::new()))
-            .map_err(UpstreamError::Request)?;
-        let resp = client.request(req).await.map_err(UpstreamError::Connect)?;
-        if resp.status() != StatusCode::OK {
-            return Err(UpstreamError::Status(resp.status()));
-        }
-        let mut reader = UpstreamReader {
-            body: resp.into_body(),
-            buf: BytesMut::with_capacity(8 * 1024),
-            decoder: sse::Decoder::new(set.max_event_bytes),
-        };
+        let mut reader = open_stream(set, client).await?;
         loop {
             match reader.next().await? {
                 None => return Err(UpstreamError::NoEndpoint),
@@ -514,9 +636,10 @@ impl UpstreamLink {
         let fut = async {
             let resp = self
                 .client
+                .pool
                 .request(req)
                 .await
-                .map_err(UpstreamError::Connect)?;
+                .map_err(|e| UpstreamError::Connect(e.into()))?;
             let status = resp.status();
             // Read (a bounded amount of) the body so the connection can be reused; it is only
             // ever logged, never sent to the client.
