@@ -666,6 +666,192 @@ impl UpstreamLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncBufReadExt;
+
+    /// Settings for an upstream at `url` (served in memory).
+    fn settings(url: &str) -> UpstreamSettings {
+        let mut cfg = crate::config::Config::default();
+        cfg.upstream.sse_url = url.into();
+        UpstreamSettings::from_config(&cfg.upstream)
+    }
+
+    /// A client whose every connection is answered with `response` (written in `pieces`-byte
+    /// writes, then closed), after the request head, which goes to `requests`.
+    fn canned(
+        response: &'static [u8],
+        pieces: usize,
+    ) -> (HttpClient, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = memory_client(Arc::new(move |_| {
+            let (ours, theirs) = tokio::io::duplex(1024);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut theirs = tokio::io::BufReader::new(theirs);
+                let mut head = String::new();
+                while !head.ends_with("\r\n\r\n") {
+                    if theirs.read_line(&mut head).await.unwrap() == 0 {
+                        return;
+                    }
+                }
+                let _ = tx.send(head);
+                for piece in response.chunks(pieces) {
+                    if theirs.write_all(piece).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(ours)
+        }));
+        (client, rx)
+    }
+
+    /// Every item of the stream, then how it ended.
+    async fn drain(mut r: UpstreamReader) -> (Vec<Bytes>, Result<(), UpstreamError>) {
+        let mut data = Vec::new();
+        loop {
+            match r.next().await {
+                Ok(Some(UpstreamItem::Event(ev))) => data.push(ev.data),
+                Ok(Some(other)) => panic!("{other:?}"),
+                Ok(None) => return (data, Ok(())),
+                Err(e) => return (data, Err(e)),
+            }
+        }
+    }
+
+    const ENDPOINT: &str = "event: endpoint\ndata: /messages?s=1\n\n";
+
+    #[tokio::test]
+    async fn sends_what_hyper_sent_and_reads_a_chunked_stream_in_any_pieces() {
+        static RESPONSE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n\
+            HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
+            25\r\nevent: endpoint\ndata: /messages?s=1\n\n\r\n\
+            1e;x=y\r\ndata: one\n\ndata: two\n\ndata: th\r\n\
+            7\r\nree\n\n:\n\r\n0\r\nT: 1\r\n\r\n";
+        assert!(RESPONSE
+            .windows(ENDPOINT.len())
+            .any(|w| w == ENDPOINT.as_bytes()));
+        for pieces in [1, 2, 3, 7, 64, 4096] {
+            let (client, mut requests) = canned(RESPONSE, pieces);
+            let set = settings("http://up.test:8080/a/sse?x=1");
+            let (link, reader) = connect(&set, &client).await.unwrap();
+            assert_eq!(
+                requests.recv().await.unwrap(),
+                "GET /a/sse?x=1 HTTP/1.1\r\nhost: up.test:8080\r\naccept: text/event-stream\r\n\
+                 cache-control: no-cache\r\nconnection: close\r\n\r\n"
+            );
+            assert_eq!(
+                link.post_uri().to_string(),
+                "http://up.test:8080/messages?s=1"
+            );
+            let (data, end) = drain(reader).await;
+            assert_eq!(data, ["one", "two", "three"], "{pieces}-byte writes");
+            assert!(end.is_ok(), "{end:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn host_has_no_default_port() {
+        static RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nevent: endpoint\ndata: /m\n\n";
+        let (client, mut requests) = canned(RESPONSE, 4096);
+        connect(&settings("http://up.test:80/sse"), &client)
+            .await
+            .unwrap();
+        let head = requests.recv().await.unwrap();
+        assert!(
+            head.starts_with("GET /sse HTTP/1.1\r\nhost: up.test\r\n"),
+            "{head}"
+        );
+    }
+
+    #[tokio::test]
+    async fn broken_framing_ends_the_stream_with_an_error_after_the_good_events() {
+        static RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+            25\r\nevent: endpoint\ndata: /messages?s=1\n\n\r\n\
+            b\r\ndata: one\n\nXX\r\ndata: lost\n\n";
+        let (client, _requests) = canned(RESPONSE, 4096);
+        let (_, reader) = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap();
+        let (data, end) = drain(reader).await;
+        assert_eq!(data, ["one"]);
+        let err = end.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                UpstreamError::Framing(http1::Error::Chunked("chunk data not followed by CRLF"))
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            crate::error::chain(&err),
+            "the upstream's stream is malformed: malformed chunked body: chunk data not followed by CRLF"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_chunked_body_is_an_error_and_its_partial_event_is_dropped() {
+        static RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+            25\r\nevent: endpoint\ndata: /messages?s=1\n\n\r\n\
+            20\r\ndata: one\n\ndata: cut";
+        let (client, _requests) = canned(RESPONSE, 4096);
+        let (_, reader) = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap();
+        let (data, end) = drain(reader).await;
+        assert_eq!(data, ["one"]);
+        assert!(
+            matches!(end, Err(UpstreamError::Framing(http1::Error::Truncated(_)))),
+            "{end:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_close_delimited_body_ends_cleanly_at_eof() {
+        static RESPONSE: &[u8] =
+            b"HTTP/1.1 200 OK\r\n\r\nevent: endpoint\ndata: /m\n\ndata: one\n\ndata: partial";
+        let (client, _requests) = canned(RESPONSE, 5);
+        let (_, reader) = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap();
+        let (data, end) = drain(reader).await;
+        assert_eq!(data, ["one"]);
+        assert!(end.is_ok(), "{end:?}");
+    }
+
+    #[tokio::test]
+    async fn refusals_before_the_stream() {
+        static NOT_FOUND: &[u8] = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
+        let (client, _r) = canned(NOT_FOUND, 4096);
+        let err = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, UpstreamError::Status(StatusCode::NOT_FOUND)),
+            "{err:?}"
+        );
+        assert_eq!(err.connect_kind(), "status");
+        static GZIP: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n";
+        let (client, _r) = canned(GZIP, 4096);
+        let err = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, UpstreamError::Framing(http1::Error::TransferCoding)),
+            "{err:?}"
+        );
+        static SILENT: &[u8] = b"";
+        let (client, _r) = canned(SILENT, 4096);
+        let err = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, UpstreamError::Connect(_)), "{err:?}");
+        static NO_ENDPOINT: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ndata: x\n\n";
+        let (client, _r) = canned(NO_ENDPOINT, 4096);
+        let err = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, UpstreamError::NoEndpoint), "{err:?}");
+    }
 
     fn base() -> HttpUrl {
         HttpUrl::parse("http://127.0.0.1:8000/a/sse?x=1").unwrap()
