@@ -318,9 +318,12 @@ pub enum UpstreamItem {
     },
 }
 
-/// Bytes asked of each read of the upstream connection: room for every event a busy upstream
-/// wrote since the last read.
-const READ_SIZE: usize = 64 * 1024;
+/// Room asked of a read of the upstream connection at first and at least (hyper's first size).
+const READ_MIN: usize = 8 * 1024;
+/// Room asked at most: enough for every event a busy upstream wrote since the last read. Reads
+/// that fill their room double it up to this; small ones halve it back, so an idle session
+/// holds about `READ_MIN`, not this, per connection.
+const READ_MAX: usize = 64 * 1024;
 
 /// Reads events from the upstream SSE body: socket reads, through the body's framing, into the
 /// SSE decoder.
@@ -328,6 +331,8 @@ pub struct UpstreamReader {
     io: TokioIo<Io>,
     /// Bytes read and not yet de-framed (at most a partial chunk size or trailer line).
     raw: BytesMut,
+    /// Room the next read asks for (`READ_MIN..=READ_MAX`).
+    read_size: usize,
     body: http1::BodyDecoder,
     /// `None` while the body goes on; then how it ended, said once its events are all out.
     end: Option<Result<(), http1::Error>>,
@@ -377,8 +382,23 @@ impl UpstreamReader {
 
     /// Reads the connection once, de-framing what came into `buf`.
     async fn fill(&mut self) -> Result<(), UpstreamError> {
-        self.raw.reserve(READ_SIZE);
-        match self.io.read_buf(&mut self.raw).await {
+        if self.raw.is_empty() && self.raw.capacity() > 2 * self.read_size {
+            // What a burst took is given back once the stream is quiet again.
+            self.raw = BytesMut::new();
+        }
+        self.raw.reserve(self.read_size);
+        let room = self.raw.capacity() - self.raw.len();
+        let read = self.io.read_buf(&mut self.raw).await;
+        if let Ok(n) = read {
+            self.read_size = if n >= room {
+                (self.read_size * 2).min(READ_MAX)
+            } else if n < self.read_size / 4 {
+                (self.read_size / 2).max(READ_MIN)
+            } else {
+                self.read_size
+            };
+        }
+        match read {
             Err(e) => {
                 self.end = Some(Ok(()));
                 Err(UpstreamError::Stream(e))
@@ -448,12 +468,12 @@ async fn open_stream(
         io.flush().await
     };
     sent.await.map_err(|e| UpstreamError::Connect(e.into()))?;
-    let mut raw = BytesMut::with_capacity(READ_SIZE);
+    let mut raw = BytesMut::with_capacity(READ_MIN);
     let head = loop {
         if let Some(head) = http1::parse_head(&mut raw).map_err(UpstreamError::Framing)? {
             break head;
         }
-        raw.reserve(READ_SIZE);
+        raw.reserve(READ_MIN);
         let n = io
             .read_buf(&mut raw)
             .await
@@ -470,6 +490,7 @@ async fn open_stream(
     let mut reader = UpstreamReader {
         io,
         raw,
+        read_size: READ_MIN,
         body: http1::BodyDecoder::new(head.framing),
         end: None,
         buf: BytesMut::with_capacity(8 * 1024),
