@@ -86,3 +86,7 @@ pub mod sse;
 pub mod stream;
 pub mod tls;
 mod upstream;
+/// The upstream SSE response's HTTP/1.1 reader (head and body framing), for the `http1_body`
+/// fuzz target.
+#[doc(hidden)]
+pub use upstream::http1;

@@ -8,6 +8,13 @@
 //! `Host`, no `Origin`, and a timeout (some servers never answer a POST for a dead session).
 //! There is no read timeout on the stream: legacy TypeScript servers send no keepalive, so an idle
 //! stream is normal; TCP keepalive and POST failures detect a dead peer.
+//!
+//! The stream's GET does not go through hyper's client: [`connect`] opens its connection with the
+//! same [`Connector`], writes the request and reads the response itself ([`http1`]), so that one
+//! socket read yields every event the upstream has written, not one HTTP chunk per poll. The POSTs
+//! use hyper's pooled client.
+
+pub mod http1;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,11 +25,11 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{header, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::connect::{Connected, Connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::config::{origin_of, HttpUrl, UpstreamConfig};
@@ -34,13 +41,17 @@ use crate::sse;
 pub enum UpstreamError {
     /// The connection or the request failed.
     #[error("cannot reach the upstream")]
-    Connect(#[source] hyper_util::client::legacy::Error),
+    Connect(#[source] BoxError),
     /// The upstream answered with an unexpected status.
     #[error("the upstream answered {0}")]
     Status(StatusCode),
-    /// The upstream's SSE stream broke.
+    /// The upstream's SSE stream broke: reading its connection failed.
     #[error("the upstream's stream failed")]
-    Stream(#[source] hyper::Error),
+    Stream(#[source] std::io::Error),
+    /// The upstream's answer to the SSE GET is not valid HTTP/1.1 (its head, or its body's
+    /// framing; the source says what was wrong).
+    #[error("the upstream's stream is malformed")]
+    Framing(#[source] http1::Error),
     /// The stream ended before the `endpoint` event.
     #[error("the upstream's stream ended before its `endpoint` event")]
     NoEndpoint,
@@ -81,8 +92,19 @@ impl UpstreamError {
     }
 }
 
-/// The shared HTTP client for upstream requests (pooled for POSTs).
-pub type HttpClient = Client<Connector, Full<Bytes>>;
+/// The shared upstream client: hyper's pool for the POSTs, and the connector with which
+/// [`connect`] opens each SSE stream's own connection. Cloning is shallow.
+#[derive(Clone)]
+pub struct HttpClient {
+    pool: Client<Connector, Full<Bytes>>,
+    connector: Connector,
+}
+
+impl std::fmt::Debug for HttpClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpClient").finish_non_exhaustive()
+    }
+}
 
 /// How the upstream is reached: over the network (TCP; TLS for `https://`), or — in unit tests —
 /// through an in-memory pipe to an upstream served in the same process.
@@ -196,10 +218,11 @@ impl tower_service::Service<Uri> for Connector {
     }
 }
 
-fn build(conn: Connector) -> HttpClient {
-    Client::builder(TokioExecutor::new())
+fn build(connector: Connector) -> HttpClient {
+    let pool = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
-        .build(conn)
+        .build(connector.clone());
+    HttpClient { pool, connector }
 }
 
 /// Builds the upstream client: TCP keepalive so a silently dead upstream is noticed, no Nagle,
@@ -295,9 +318,25 @@ pub enum UpstreamItem {
     },
 }
 
-/// Reads events from the upstream SSE body.
+/// Room asked of a read of the upstream connection at first and at least (hyper's first size).
+const READ_MIN: usize = 8 * 1024;
+/// Room asked at most: enough for every event a busy upstream wrote since the last read. Reads
+/// that fill their room double it up to this; small ones halve it back, so an idle session
+/// holds about `READ_MIN`, not this, per connection.
+const READ_MAX: usize = 64 * 1024;
+
+/// Reads events from the upstream SSE body: socket reads, through the body's framing, into the
+/// SSE decoder.
 pub struct UpstreamReader {
-    body: Incoming,
+    io: TokioIo<Io>,
+    /// Bytes read and not yet de-framed (at most a partial chunk size or trailer line).
+    raw: BytesMut,
+    /// Room the next read asks for (`READ_MIN..=READ_MAX`).
+    read_size: usize,
+    body: http1::BodyDecoder,
+    /// `None` while the body goes on; then how it ended, said once its events are all out.
+    end: Option<Result<(), http1::Error>>,
+    /// Body bytes not yet decoded as events.
     buf: BytesMut,
     decoder: sse::Decoder,
 }
@@ -320,26 +359,150 @@ impl UpstreamReader {
         }
     }
 
-    /// The next item; `Ok(None)` at a clean end of stream.
+    /// The next item; `Ok(None)` at a clean end of stream. An event cut short by the end is
+    /// dropped, never yielded (WHATWG).
     ///
     /// # Errors
-    /// [`UpstreamError::Stream`] when the stream fails mid-way.
+    /// [`UpstreamError::Stream`] when reading the connection fails mid-way;
+    /// [`UpstreamError::Framing`] when the body's framing is broken or cut short (after the
+    /// events framed correctly before the fault).
     pub async fn next(&mut self) -> Result<Option<UpstreamItem>, UpstreamError> {
         loop {
             if let Some(item) = self.next_buffered() {
                 return Ok(Some(item));
             }
-            match self.body.frame().await {
-                None => return Ok(None),
-                Some(Err(e)) => return Err(UpstreamError::Stream(e)),
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        self.buf.extend_from_slice(&data);
-                    }
+            if let Some(end) = self.end {
+                // Said once; a caller that asks again hears a plain end.
+                self.end = Some(Ok(()));
+                return end.map(|()| None).map_err(UpstreamError::Framing);
+            }
+            self.fill().await?;
+        }
+    }
+
+    /// Reads the connection once, de-framing what came into `buf`.
+    async fn fill(&mut self) -> Result<(), UpstreamError> {
+        if self.raw.is_empty() && self.raw.capacity() > 2 * self.read_size {
+            // What a burst took is given back once the stream is quiet again.
+            self.raw = BytesMut::new();
+        }
+        self.raw.reserve(self.read_size);
+        let room = self.raw.capacity() - self.raw.len();
+        let read = self.io.read_buf(&mut self.raw).await;
+        if let Ok(n) = read {
+            self.read_size = if n >= room {
+                (self.read_size * 2).min(READ_MAX)
+            } else if n < self.read_size / 4 {
+                (self.read_size / 2).max(READ_MIN)
+            } else {
+                self.read_size
+            };
+        }
+        match read {
+            Err(e) => {
+                self.end = Some(Ok(()));
+                Err(UpstreamError::Stream(e))
+            }
+            Ok(0) => {
+                self.end = Some(self.body.finish());
+                Ok(())
+            }
+            Ok(_) => {
+                match self.body.decode(&mut self.raw, &mut self.buf) {
+                    Ok(false) => {}
+                    Ok(true) => self.end = Some(Ok(())),
+                    Err(e) => self.end = Some(Err(e)),
                 }
+                Ok(())
             }
         }
     }
+}
+
+/// The request line and fields of the SSE GET: what hyper's client sent for it (origin-form
+/// target, `Host` from the URL without a default port, no body), plus ours.
+fn sse_request(uri: &Uri) -> Result<Vec<u8>, UpstreamError> {
+    let host = uri
+        .host()
+        .ok_or_else(|| UpstreamError::Connect("the SSE URL has no host".into()))?;
+    let default_port = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let host = match uri.port_u16() {
+        Some(port) if port != default_port => format!("{host}:{port}"),
+        _ => host.to_string(),
+    };
+    let target = uri.path_and_query().map_or("/", |p| p.as_str());
+    // The connection ends with the stream, never back to a pool: a server that ends a session
+    // completes the response, and may close the connection right after (the Python SDK's legacy
+    // endpoint under uvicorn does, its handler sending a second response).
+    Ok(format!(
+        "GET {target} HTTP/1.1\r\nhost: {host}\r\naccept: text/event-stream\r\ncache-control: no-cache\r\nconnection: close\r\n\r\n"
+    )
+    .into_bytes())
+}
+
+/// Opens a connection for the SSE GET, sends it, and reads the response head.
+async fn open_stream(
+    set: &UpstreamSettings,
+    client: &HttpClient,
+) -> Result<UpstreamReader, UpstreamError> {
+    let uri: Uri = set
+        .sse_url
+        .to_url()
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| UpstreamError::Request(e.into()))?;
+    let request = sse_request(&uri)?;
+    let mut connector = client.connector.clone();
+    std::future::poll_fn(|cx| tower_service::Service::poll_ready(&mut connector, cx))
+        .await
+        .map_err(UpstreamError::Connect)?;
+    let io = tower_service::Service::call(&mut connector, uri)
+        .await
+        .map_err(UpstreamError::Connect)?;
+    let mut io = TokioIo::new(io);
+    let sent = async {
+        io.write_all(&request).await?;
+        io.flush().await
+    };
+    sent.await.map_err(|e| UpstreamError::Connect(e.into()))?;
+    let mut raw = BytesMut::with_capacity(READ_MIN);
+    let head = loop {
+        if let Some(head) = http1::parse_head(&mut raw).map_err(UpstreamError::Framing)? {
+            break head;
+        }
+        raw.reserve(READ_MIN);
+        let n = io
+            .read_buf(&mut raw)
+            .await
+            .map_err(|e| UpstreamError::Connect(e.into()))?;
+        if n == 0 {
+            return Err(UpstreamError::Connect(
+                "the upstream closed the connection before its response head".into(),
+            ));
+        }
+    };
+    if head.status != StatusCode::OK {
+        return Err(UpstreamError::Status(head.status));
+    }
+    let mut reader = UpstreamReader {
+        io,
+        raw,
+        read_size: READ_MIN,
+        body: http1::BodyDecoder::new(head.framing),
+        end: None,
+        buf: BytesMut::with_capacity(8 * 1024),
+        decoder: sse::Decoder::new(set.max_event_bytes),
+    };
+    // The body's first bytes may have come with the head.
+    match reader.body.decode(&mut reader.raw, &mut reader.buf) {
+        Ok(false) => {}
+        Ok(true) => reader.end = Some(Ok(())),
+        Err(e) => reader.end = Some(Err(e)),
+    }
+    Ok(reader)
 }
 
 /// Opens the upstream SSE stream and waits for its `endpoint` event.
@@ -352,27 +515,7 @@ pub async fn connect(
     client: &HttpClient,
 ) -> Result<(UpstreamLink, UpstreamReader), UpstreamError> {
     let fut = async {
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(set.sse_url.to_url())
-            .header(header::ACCEPT, "text/event-stream")
-            .header(header::CACHE_CONTROL, "no-cache")
-            // The connection ends with the stream, never back to the pool: a server that ends
-            // a session completes the response, and may close the connection right after (the
-            // Python SDK's legacy endpoint under uvicorn does, its handler sending a second
-            // response): a request the pool sent on it in between would be cut.
-            .header(header::CONNECTION, "close")
-            .body(Full::new(Bytes::new()))
-            .map_err(UpstreamError::Request)?;
-        let resp = client.request(req).await.map_err(UpstreamError::Connect)?;
-        if resp.status() != StatusCode::OK {
-            return Err(UpstreamError::Status(resp.status()));
-        }
-        let mut reader = UpstreamReader {
-            body: resp.into_body(),
-            buf: BytesMut::with_capacity(8 * 1024),
-            decoder: sse::Decoder::new(set.max_event_bytes),
-        };
+        let mut reader = open_stream(set, client).await?;
         loop {
             match reader.next().await? {
                 None => return Err(UpstreamError::NoEndpoint),
@@ -514,9 +657,10 @@ impl UpstreamLink {
         let fut = async {
             let resp = self
                 .client
+                .pool
                 .request(req)
                 .await
-                .map_err(UpstreamError::Connect)?;
+                .map_err(|e| UpstreamError::Connect(e.into()))?;
             let status = resp.status();
             // Read (a bounded amount of) the body so the connection can be reused; it is only
             // ever logged, never sent to the client.
@@ -543,6 +687,192 @@ impl UpstreamLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncBufReadExt;
+
+    /// Settings for an upstream at `url` (served in memory).
+    fn settings(url: &str) -> UpstreamSettings {
+        let mut cfg = crate::config::Config::default();
+        cfg.upstream.sse_url = url.into();
+        UpstreamSettings::from_config(&cfg.upstream)
+    }
+
+    /// A client whose every connection is answered with `response` (written in `pieces`-byte
+    /// writes, then closed), after the request head, which goes to `requests`.
+    fn canned(
+        response: &'static [u8],
+        pieces: usize,
+    ) -> (HttpClient, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let client = memory_client(Arc::new(move |_| {
+            let (ours, theirs) = tokio::io::duplex(1024);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut theirs = tokio::io::BufReader::new(theirs);
+                let mut head = String::new();
+                while !head.ends_with("\r\n\r\n") {
+                    if theirs.read_line(&mut head).await.unwrap() == 0 {
+                        return;
+                    }
+                }
+                let _ = tx.send(head);
+                for piece in response.chunks(pieces) {
+                    if theirs.write_all(piece).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            Ok(ours)
+        }));
+        (client, rx)
+    }
+
+    /// Every item of the stream, then how it ended.
+    async fn drain(mut r: UpstreamReader) -> (Vec<Bytes>, Result<(), UpstreamError>) {
+        let mut data = Vec::new();
+        loop {
+            match r.next().await {
+                Ok(Some(UpstreamItem::Event(ev))) => data.push(ev.data),
+                Ok(Some(other)) => panic!("{other:?}"),
+                Ok(None) => return (data, Ok(())),
+                Err(e) => return (data, Err(e)),
+            }
+        }
+    }
+
+    const ENDPOINT: &str = "event: endpoint\ndata: /messages?s=1\n\n";
+
+    #[tokio::test]
+    async fn sends_what_hyper_sent_and_reads_a_chunked_stream_in_any_pieces() {
+        static RESPONSE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n\
+            HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n\
+            25\r\nevent: endpoint\ndata: /messages?s=1\n\n\r\n\
+            1e;x=y\r\ndata: one\n\ndata: two\n\ndata: th\r\n\
+            7\r\nree\n\n:\n\r\n0\r\nT: 1\r\n\r\n";
+        assert!(RESPONSE
+            .windows(ENDPOINT.len())
+            .any(|w| w == ENDPOINT.as_bytes()));
+        for pieces in [1, 2, 3, 7, 64, 4096] {
+            let (client, mut requests) = canned(RESPONSE, pieces);
+            let set = settings("http://up.test:8080/a/sse?x=1");
+            let (link, reader) = connect(&set, &client).await.unwrap();
+            assert_eq!(
+                requests.recv().await.unwrap(),
+                "GET /a/sse?x=1 HTTP/1.1\r\nhost: up.test:8080\r\naccept: text/event-stream\r\n\
+                 cache-control: no-cache\r\nconnection: close\r\n\r\n"
+            );
+            assert_eq!(
+                link.post_uri().to_string(),
+                "http://up.test:8080/messages?s=1"
+            );
+            let (data, end) = drain(reader).await;
+            assert_eq!(data, ["one", "two", "three"], "{pieces}-byte writes");
+            assert!(end.is_ok(), "{end:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn host_has_no_default_port() {
+        static RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\n\r\nevent: endpoint\ndata: /m\n\n";
+        let (client, mut requests) = canned(RESPONSE, 4096);
+        connect(&settings("http://up.test:80/sse"), &client)
+            .await
+            .unwrap();
+        let head = requests.recv().await.unwrap();
+        assert!(
+            head.starts_with("GET /sse HTTP/1.1\r\nhost: up.test\r\n"),
+            "{head}"
+        );
+    }
+
+    #[tokio::test]
+    async fn broken_framing_ends_the_stream_with_an_error_after_the_good_events() {
+        static RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+            25\r\nevent: endpoint\ndata: /messages?s=1\n\n\r\n\
+            b\r\ndata: one\n\nXX\r\ndata: lost\n\n";
+        let (client, _requests) = canned(RESPONSE, 4096);
+        let (_, reader) = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap();
+        let (data, end) = drain(reader).await;
+        assert_eq!(data, ["one"]);
+        let err = end.unwrap_err();
+        assert!(
+            matches!(
+                err,
+                UpstreamError::Framing(http1::Error::Chunked("chunk data not followed by CRLF"))
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            crate::error::chain(&err),
+            "the upstream's stream is malformed: malformed chunked body: chunk data not followed by CRLF"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cut_chunked_body_is_an_error_and_its_partial_event_is_dropped() {
+        static RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+            25\r\nevent: endpoint\ndata: /messages?s=1\n\n\r\n\
+            20\r\ndata: one\n\ndata: cut";
+        let (client, _requests) = canned(RESPONSE, 4096);
+        let (_, reader) = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap();
+        let (data, end) = drain(reader).await;
+        assert_eq!(data, ["one"]);
+        assert!(
+            matches!(end, Err(UpstreamError::Framing(http1::Error::Truncated(_)))),
+            "{end:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_close_delimited_body_ends_cleanly_at_eof() {
+        static RESPONSE: &[u8] =
+            b"HTTP/1.1 200 OK\r\n\r\nevent: endpoint\ndata: /m\n\ndata: one\n\ndata: partial";
+        let (client, _requests) = canned(RESPONSE, 5);
+        let (_, reader) = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap();
+        let (data, end) = drain(reader).await;
+        assert_eq!(data, ["one"]);
+        assert!(end.is_ok(), "{end:?}");
+    }
+
+    #[tokio::test]
+    async fn refusals_before_the_stream() {
+        static NOT_FOUND: &[u8] = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n";
+        let (client, _r) = canned(NOT_FOUND, 4096);
+        let err = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, UpstreamError::Status(StatusCode::NOT_FOUND)),
+            "{err:?}"
+        );
+        assert_eq!(err.connect_kind(), "status");
+        static GZIP: &[u8] = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n";
+        let (client, _r) = canned(GZIP, 4096);
+        let err = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, UpstreamError::Framing(http1::Error::TransferCoding)),
+            "{err:?}"
+        );
+        static SILENT: &[u8] = b"";
+        let (client, _r) = canned(SILENT, 4096);
+        let err = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, UpstreamError::Connect(_)), "{err:?}");
+        static NO_ENDPOINT: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\ndata: x\n\n";
+        let (client, _r) = canned(NO_ENDPOINT, 4096);
+        let err = connect(&settings("http://up.test/sse"), &client)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, UpstreamError::NoEndpoint), "{err:?}");
+    }
 
     fn base() -> HttpUrl {
         HttpUrl::parse("http://127.0.0.1:8000/a/sse?x=1").unwrap()

@@ -136,7 +136,15 @@ impl MemoryUpstream {
     /// A new connection to it (the client's end).
     pub fn connect(&self) -> tokio::io::DuplexStream {
         let (client, server) = tokio::io::duplex(64 * 1024);
-        tokio::spawn(serve_conn(server, self.inner.clone(), self.stop.clone()));
+        // No header-read timeout in memory: a pipe has no slow client to guard against, and
+        // under a paused clock the guard's timer on an idle pooled POST connection is the one the
+        // clock jumps to whenever a test awaits the log writer's thread.
+        tokio::spawn(serve_conn(
+            server,
+            self.inner.clone(),
+            self.stop.clone(),
+            None,
+        ));
         client
     }
 
@@ -458,7 +466,12 @@ async fn run(
             },
         };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(serve_conn(stream, inner.clone(), stop_rx.clone()));
+        tokio::spawn(serve_conn(
+            stream,
+            inner.clone(),
+            stop_rx.clone(),
+            Some(Duration::from_secs(30)),
+        ));
     }
     drop(listener);
     for kill in inner.take_all(true) {
@@ -471,8 +484,14 @@ async fn run(
     Ok(())
 }
 
-async fn serve_conn<S>(stream: S, inner: Arc<Inner>, mut stop: watch::Receiver<bool>)
-where
+/// Serves one connection; `header_read_timeout` bounds the wait for each request head (hyper's
+/// default is 30 s).
+async fn serve_conn<S>(
+    stream: S,
+    inner: Arc<Inner>,
+    mut stop: watch::Receiver<bool>,
+    header_read_timeout: Option<Duration>,
+) where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let svc = hyper::service::service_fn(move |req| {
@@ -481,6 +500,7 @@ where
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
+        .header_read_timeout(header_read_timeout)
         .serve_connection(TokioIo::new(stream), svc);
     tokio::pin!(conn);
     let res = tokio::select! {
