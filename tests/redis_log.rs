@@ -731,13 +731,24 @@ async fn chunks_hold_whole_appends_and_every_cursor_reads_exactly_the_rest() {
     };
     let mut want: Vec<NewEvent> = Vec::new();
     let mut head = 0;
-    // 3 events; CHUNK_EVENTS + 5 (two chunks); two events around one of CHUNK_BYTES + 1 (three
-    // chunks: the big one alone); 1 event.
+    // 3 events; CHUNK_EVENTS + 5 short ones (two chunks); three of half CHUNK_BYTES (two, then
+    // one); two events around one of CHUNK_BYTES + 1 (three chunks: the big one alone); 1 event.
     let mut big = odd(9);
     big.payload = Bytes::from(vec![b'\n'; CHUNK_BYTES + 1]);
+    // Short events (the event bound cuts), and events of half the byte bound (the byte bound
+    // cuts: two fit, the third starts a chunk).
+    let tiny = |i: u64| -> NewEvent {
+        NewEvent::new(StreamTag(2), Kind::Message, Bytes::from(format!("{i} 1\n")))
+    };
+    let half = |i: u64| -> NewEvent {
+        let mut e = odd(i);
+        e.payload = Bytes::from(vec![b'0' + (i % 10) as u8; CHUNK_BYTES / 2]);
+        e
+    };
     let batches: Vec<Vec<NewEvent>> = vec![
         (0..3).map(odd).collect(),
-        (0..CHUNK_EVENTS as u64 + 5).map(odd).collect(),
+        (0..CHUNK_EVENTS as u64 + 5).map(tiny).collect(),
+        (0..3).map(half).collect(),
         vec![odd(1), big, odd(2)],
         vec![odd(4)],
     ];
@@ -756,17 +767,23 @@ async fn chunks_hold_whole_appends_and_every_cursor_reads_exactly_the_rest() {
     let got = entries(&r, &id).await;
     let shape: Vec<(String, u64)> = got.iter().map(|(e, n, _)| (e.clone(), *n)).collect();
     let c = CHUNK_EVENTS as u64;
+    let want_shape: Vec<(u64, u64)> = vec![
+        (1, 3),
+        (4, c),
+        (4 + c, 5),
+        (9 + c, 2),
+        (11 + c, 1),
+        (12 + c, 1),
+        (13 + c, 1),
+        (14 + c, 1),
+        (15 + c, 1),
+    ];
     assert_eq!(
         shape,
-        vec![
-            ("1-0".to_string(), 3),
-            ("4-0".to_string(), c),
-            (format!("{}-0", 4 + c), 5),
-            (format!("{}-0", 9 + c), 1),
-            (format!("{}-0", 10 + c), 1),
-            (format!("{}-0", 11 + c), 1),
-            (format!("{}-0", 12 + c), 1),
-        ]
+        want_shape
+            .iter()
+            .map(|(first, n)| (format!("{first}-0"), *n))
+            .collect::<Vec<_>>()
     );
     for after in 0..=head {
         for max in [1usize, 2, 3, 5, 300] {

@@ -44,6 +44,9 @@ use crate::error::{Error, Result, StoreError};
 
 /// Ops one turn takes at most.
 const MAX_OPS: usize = 1024;
+/// Event bytes one turn takes at most (past it the turn is written and the next takes the rest):
+/// a turn is one transaction on Redis, which must come back well within its response timeout.
+const MAX_TURN_BYTES: usize = 1 << 20;
 /// How often an end that Redis did not take is retried.
 const RETRY: Duration = Duration::from_millis(250);
 
@@ -482,9 +485,13 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
             },
             _ = tokio::time::sleep(RETRY), if !pending.is_empty() => {}
         }
-        while ops.len() < MAX_OPS {
+        let mut bytes: usize = ops.iter().map(op_bytes).sum();
+        while ops.len() < MAX_OPS && bytes < MAX_TURN_BYTES {
             match rx.try_recv() {
-                Ok(op) => ops.push(op),
+                Ok(op) => {
+                    bytes += op_bytes(&op);
+                    ops.push(op);
+                }
                 Err(_) => break,
             }
         }
@@ -564,6 +571,14 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
             }
             return;
         }
+    }
+}
+
+/// The event bytes an op carries.
+fn op_bytes(op: &Op) -> usize {
+    match op {
+        Op::Append { evs, .. } | Op::End { evs, .. } => evs.iter().map(|e| e.payload.len()).sum(),
+        _ => 0,
     }
 }
 
