@@ -803,8 +803,9 @@ mod tests {
             ),
             "{err:?}"
         );
+        let source = std::error::Error::source(&err).expect("the framing error");
         assert_eq!(
-            crate::error::chain(&err),
+            format!("{err}: {source}"),
             "the upstream's stream is malformed: malformed chunked body: chunk data not followed by CRLF"
         );
     }
