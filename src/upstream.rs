@@ -327,6 +327,10 @@ const READ_MAX: usize = 64 * 1024;
 
 /// Reads events from the upstream SSE body: socket reads, through the body's framing, into the
 /// SSE decoder.
+/// Event data at least this large is copied out of the read buffer (see
+/// [`UpstreamReader::next_buffered`]).
+const OWN_ALLOCATION_AT: usize = 16 * 1024;
+
 pub struct UpstreamReader {
     io: TokioIo<Io>,
     /// Bytes read and not yet de-framed (at most a partial chunk size or trailer line).
@@ -351,7 +355,16 @@ impl UpstreamReader {
     /// The next item already received, if a whole one is buffered (no I/O).
     pub fn next_buffered(&mut self) -> Option<UpstreamItem> {
         match self.decoder.decode(&mut self.buf) {
-            Ok(Some(ev)) => Some(UpstreamItem::Event(ev)),
+            Ok(Some(mut ev)) => {
+                // A large event sliced out of the read buffer would keep that whole buffer
+                // (grown by doubling while the event came in) alive while it waits in the log's
+                // queue, whose byte bound would then hold up to twice what it counts
+                // (tests/memory.rs, slow disk): it gets an allocation of its own size.
+                if ev.data.len() >= OWN_ALLOCATION_AT {
+                    ev.data = Bytes::copy_from_slice(&ev.data);
+                }
+                Some(UpstreamItem::Event(ev))
+            }
             Ok(None) => None,
             Err(sse::DecodeError::EventTooLarge { len, head, tail }) => {
                 Some(UpstreamItem::Oversized { len, head, tail })
