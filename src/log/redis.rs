@@ -846,10 +846,10 @@ impl Shared {
         let replies: Replies = match pipe.query_async::<Replies>(&mut self.conn.clone()).await {
             Ok(r) if r.len() == all.len() => r,
             Ok(r) => {
-                let e = SharedError::Reply(format!("{} replies to {} appends", r.len(), all.len()));
+                let why = format!("{} replies to {} appends", r.len(), all.len());
                 return all
                     .iter()
-                    .map(|_| Err(SharedError::Reply(e.to_string())))
+                    .map(|_| Err(SharedError::Reply(why.clone())))
                     .collect();
             }
             Err(e) => return all.iter().map(|_| Err(e.clone().into())).collect(),
