@@ -31,6 +31,10 @@ pub trait SegFile: Send + Sync + Debug {
     fn sync_data(&self) -> io::Result<()>;
     /// `ftruncate`.
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Asks the kernel to drop the cached pages of `len` bytes at `off` (`posix_fadvise`
+    /// `DONTNEED`): clean pages go, dirty ones get their write-back started. It changes no byte
+    /// of the file, only what memory holds, so the simulator ignores it.
+    fn drop_cache(&self, _off: u64, _len: u64) {}
 }
 
 /// The data directory, as far as segments go.
@@ -110,6 +114,13 @@ impl SegFile for OsFile {
 
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+
+    fn drop_cache(&self, off: u64, len: u64) {
+        // Advice only: a failure (a file system without it) leaves the pages cached, as before.
+        if let Some(len) = std::num::NonZeroU64::new(len) {
+            let _ = rustix::fs::fadvise(&self.0, off, Some(len), rustix::fs::Advice::DontNeed);
+        }
     }
 }
 

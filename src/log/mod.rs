@@ -31,6 +31,7 @@ mod doorbell;
 pub mod event;
 pub mod image;
 pub mod io;
+mod pagecache;
 pub mod record;
 pub mod redis;
 pub mod segment;

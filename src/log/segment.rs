@@ -141,6 +141,11 @@ impl Segment {
         self.file.sync_data().map_err(io_err("fdatasync segment"))
     }
 
+    /// Drops the cached pages of `len` bytes at `offset` (see [`SegFile::drop_cache`]).
+    pub fn drop_cache(&self, offset: u64, len: u64) {
+        self.file.drop_cache(offset, len);
+    }
+
     /// Cuts the file to `len` bytes (drops a failed or torn write).
     ///
     /// # Errors

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::event::{unix_now, Event, Kind, StreamTag};
 use super::image::{resync_from_start as resync, Image, Loc};
+use super::pagecache::PageTrim;
 use super::record::{self, ChunkBuilder, Type};
 use super::segment::{self, Segment};
 use super::store::{Ack, Chunk, Health, Interrupted, Op, Recovery, SessionLog, Store};
@@ -492,6 +493,8 @@ pub(crate) struct Writer {
     /// fresh pages for every turn: the turn's bytes, and chunk values (see [`Spare`]).
     out: Vec<u8>,
     spare: Spare,
+    /// What of the log the page cache still holds (see [`PageTrim`]).
+    trim: PageTrim,
 }
 
 /// Chunk value buffers handed back after a turn, for the next turn's chunks: at most
@@ -766,6 +769,8 @@ impl Writer {
     pub(crate) fn new(store: Arc<Store>, state: State) -> Self {
         let active = state.segs[&state.active].seg.clone();
         let active_len = state.segs[&state.active].len;
+        let seg_size = store.seg_size;
+        let active_seg = active.clone();
         let mut w = Writer {
             store,
             st: state,
@@ -788,6 +793,7 @@ impl Writer {
             owed_only: false,
             out: Vec::new(),
             spare: Spare::default(),
+            trim: PageTrim::new(seg_size, &active_seg),
         };
         // A reserve for the records a full disk may owe (see `hold_reserve`).
         w.hold_reserve();
@@ -1025,6 +1031,7 @@ impl Writer {
             if let Some(s) = self.st.segs.get_mut(&self.st.active) {
                 s.len = self.active_len;
             }
+            self.trim.written(self.active_len);
         }
         Ok(())
     }
@@ -1065,6 +1072,7 @@ impl Writer {
                     },
                 );
                 self.store.disk.fetch_add(len, Ordering::Relaxed);
+                self.trim.rotated(self.active_len, &seg);
                 self.st.active = id;
                 self.active = seg;
                 self.active_len = len;
