@@ -325,12 +325,12 @@ const READ_MIN: usize = 8 * 1024;
 /// holds about `READ_MIN`, not this, per connection.
 const READ_MAX: usize = 64 * 1024;
 
-/// Reads events from the upstream SSE body: socket reads, through the body's framing, into the
-/// SSE decoder.
 /// Event data at least this large is copied out of the read buffer (see
 /// [`UpstreamReader::next_buffered`]).
 const OWN_ALLOCATION_AT: usize = 16 * 1024;
 
+/// Reads events from the upstream SSE body: socket reads, through the body's framing, into the
+/// SSE decoder.
 pub struct UpstreamReader {
     io: TokioIo<Io>,
     /// Bytes read and not yet de-framed (at most a partial chunk size or trailer line).
