@@ -116,6 +116,9 @@ impl SegFile for OsFile {
         self.0.set_len(len)
     }
 
+    // `posix_fadvise` exists on these only (rustix has no `fadvise` for macOS, the BSDs but
+    // FreeBSD, or Solaris); elsewhere the pages stay cached, as before the trim.
+    #[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
     fn drop_cache(&self, off: u64, len: u64) {
         // Advice only: a failure (a file system without it) leaves the pages cached, as before.
         if let Some(len) = std::num::NonZeroU64::new(len) {
