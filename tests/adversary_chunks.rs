@@ -477,6 +477,14 @@ async fn a_turn_killed_mid_flight_is_unknown_and_never_written_twice() {
         );
     }
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // The kill also cut the client's other (reconnecting) connection, idle during the turn, which
+    // runs on the writer's own: its first command after the kill fails, and it reconnects.
+    for _ in 0..20 {
+        if s.read(&ids[0], u64::MAX, 1).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     for i in 0..4 {
         let (rec, _) = s.read(&ids[i], u64::MAX, 1).await.unwrap().unwrap();
         let n = batches[i].len() as u64;
@@ -505,7 +513,8 @@ async fn a_turn_killed_mid_flight_is_unknown_and_never_written_twice() {
 /// its client never learns the outcome and reconnects).
 struct Relay {
     port: u16,
-    cut: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Cut the next reply that answers a transaction (holds `+QUEUED`).
+    cut_queued: std::sync::Arc<std::sync::atomic::AtomicBool>,
     cuts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -516,9 +525,9 @@ impl Relay {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
+        let cut_queued = Arc::new(AtomicBool::new(false));
         let cuts = Arc::new(AtomicUsize::new(0));
-        let (c2, n2) = (cut.clone(), cuts.clone());
+        let (q2, n2) = (cut_queued.clone(), cuts.clone());
         tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
@@ -533,7 +542,7 @@ impl Relay {
                 tokio::spawn(async move {
                     let _ = tokio::io::copy(&mut cr, &mut sw).await;
                 });
-                let (cut, cuts) = (c2.clone(), n2.clone());
+                let (queued, cuts) = (q2.clone(), n2.clone());
                 tokio::spawn(async move {
                     let mut buf = vec![0u8; 64 * 1024];
                     loop {
@@ -541,7 +550,8 @@ impl Relay {
                             Ok(0) | Err(_) => return,
                             Ok(n) => n,
                         };
-                        if cut.swap(false, Ordering::SeqCst) {
+                        let tx = buf[..n].windows(8).any(|w| w == b"+QUEUED\r");
+                        if tx && queued.swap(false, Ordering::SeqCst) {
                             cuts.fetch_add(1, Ordering::SeqCst);
                             // Dropping both halves closes the client's connection.
                             return;
@@ -553,7 +563,11 @@ impl Relay {
                 });
             }
         });
-        Relay { port, cut, cuts }
+        Relay {
+            port,
+            cut_queued,
+            cuts,
+        }
     }
 
     fn url(&self) -> String {
@@ -617,8 +631,9 @@ async fn a_landed_write_whose_reply_was_lost_leaves_the_owner_with_a_stale_oldes
         a.append(&sl, hostile(i)).await.unwrap();
     }
     assert_eq!((sl.ranges().oldest, sl.head()), (1, 5));
-    // The next reply Redis sends A is cut: the 300-event append's.
-    relay.cut.store(true, Ordering::SeqCst);
+    // The reply to the 300-event append's transaction is cut (its records read before it
+    // pass: on a single Redis the writer's turn reads under `WATCH`, then writes in `MULTI`).
+    relay.cut_queued.store(true, Ordering::SeqCst);
     let evs: Vec<NewEvent> = (5..305).map(hostile).collect();
     a.append_many_nowait(&sl, evs).await.unwrap();
     let _ = a.flush().await;

@@ -539,9 +539,21 @@ impl ConnectionLike for Conn {
     }
 }
 
+/// The connection of watched turns: `WATCH` holds per connection, so no other task may use it,
+/// and it never reconnects by itself (a `WATCH` lost with a dropped connection must fail the turn,
+/// not run its `EXEC` unwatched on a new one): a failed round trip drops it, the next turn opens
+/// another.
+struct Watched {
+    client: redis::Client,
+    conn: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+}
+
 /// The shared log's client: one multiplexed connection to a Redis primary, or to a Cluster.
 pub struct Shared {
     conn: Conn,
+    /// A single Redis: the writer's own connection for watched turns (see
+    /// [`Shared::append_watched`]); `None` on a Cluster.
+    watched: Option<Watched>,
     /// The primaries' URLs (one for a single Redis), for what must be asked of each.
     primaries: Vec<String>,
     prefix: String,
@@ -570,7 +582,12 @@ impl Shared {
             .arg("cluster")
             .query_async(&mut probe)
             .await?;
-        let (conn, primaries) = if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+        let cluster = info.lines().any(|l| l.trim() == "cluster_enabled:1");
+        let watched = (!cluster).then(|| Watched {
+            client: client.clone(),
+            conn: tokio::sync::Mutex::new(None),
+        });
+        let (conn, primaries) = if cluster {
             let nodes: String = redis::cmd("CLUSTER")
                 .arg("NODES")
                 .query_async(&mut probe)
@@ -591,6 +608,7 @@ impl Shared {
         };
         Ok(Shared {
             conn,
+            watched,
             primaries,
             prefix: prefix.to_string(),
             scripts: Scripts::new(),
@@ -817,6 +835,15 @@ impl Shared {
     /// written. A Redis Cluster cannot run one transaction across slots: there each is its own
     /// script, as with [`Shared::append`].
     pub async fn append_turn(&self, all: &[Append<'_>]) -> Vec<Written<u64>> {
+        if self.watched.is_some() && !all.is_empty() {
+            return self.append_watched(all).await;
+        }
+        self.append_scripted(all).await
+    }
+
+    /// [`Shared::append_turn`] with the events as arguments of the fenced script (a Cluster, and
+    /// a single Redis when a watched turn cannot go ahead).
+    async fn append_scripted(&self, all: &[Append<'_>]) -> Vec<Written<u64>> {
         if all.len() == 1 || self.is_cluster() {
             let mut out = Vec::with_capacity(all.len());
             for a in all {
@@ -870,6 +897,182 @@ impl Shared {
             });
         }
         out
+    }
+
+    /// A turn's appends on a single Redis with the events kept out of Lua (redis-server's Lua
+    /// hashes every byte of every script argument: 43 % of its CPU in the benchmark, see
+    /// docs/benchmarks.md round 6). Two round trips on the writer's own connection:
+    ///
+    /// 1. `WATCH` every session's record, and read each (`HMGET`): the writer checks the fence
+    ///    itself (owner, epoch, live, the head it expects, `lo` when it trims).
+    /// 2. `MULTI`, per session what the `append` script does — the chunks' `XADD`s, the answered
+    ///    requests out of the in-flight hash, the head and batch token, retention, the doorbell —
+    ///    `EXEC`.
+    ///
+    /// Any write to a watched record in between (a takeover, an end, a rewind) makes `EXEC`
+    /// run nothing. Then, and whenever a record does not read as expected or the first round
+    /// trip fails (nothing was written either way), the turn goes as scripts
+    /// ([`Shared::append_scripted`]), whose fence gives the exact refusal. A lost `EXEC` reply is
+    /// an unknown outcome, as a lost script reply.
+    async fn append_watched(&self, all: &[Append<'_>]) -> Vec<Written<u64>> {
+        let Some(w) = &self.watched else {
+            return self.append_scripted(all).await;
+        };
+        let mut guard = w.conn.lock().await;
+        if guard.is_none() {
+            let cfg = redis::AsyncConnectionConfig::new()
+                .set_response_timeout(Some(RESPONSE_TIMEOUT))
+                .set_connection_timeout(Some(RESPONSE_TIMEOUT));
+            match w
+                .client
+                .get_multiplexed_async_connection_with_config(&cfg)
+                .await
+            {
+                Ok(c) => *guard = Some(c),
+                Err(_) => {
+                    drop(guard);
+                    return self.append_scripted(all).await;
+                }
+            }
+        }
+        let Some(conn) = guard.as_mut() else {
+            drop(guard);
+            return self.append_scripted(all).await;
+        };
+        let _t = self.time("append");
+        let keys: Vec<Keys> = all.iter().map(|a| self.keys(a.id)).collect();
+        // Round trip one. Every key the transaction writes is watched; what could make one of its
+        // commands fail is read under the watch: the record's fields, the stream's last entry
+        // (an id at or past the first new one would refuse the `XADD`), and the types of the
+        // stream and the in-flight hash (a wrong one fails this pipeline).
+        let mut read = redis::pipe();
+        let mut watch = redis::cmd("WATCH");
+        for k in &keys {
+            watch.arg(&k.record).arg(&k.stream).arg(&k.inflight);
+        }
+        read.add_command(watch).ignore();
+        for k in &keys {
+            read.cmd("HMGET")
+                .arg(&k.record)
+                .arg(&["owner", "epoch", "head", "state", "lo"]);
+            read.cmd("XREVRANGE")
+                .arg(&k.stream)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1);
+            read.cmd("HLEN").arg(&k.inflight).ignore();
+        }
+        let seen: Vec<Value> = match read.query_async(conn).await {
+            Ok(r) => r,
+            Err(_) => {
+                // Nothing was written: the scripts (on the reconnecting connection) take it.
+                *guard = None;
+                drop(guard);
+                return self.append_scripted(all).await;
+            }
+        };
+        let mut los = Vec::with_capacity(all.len());
+        let mut fits = seen.len() == 2 * all.len();
+        for (a, pair) in all.iter().zip(seen.chunks(2)) {
+            match (fits, pair) {
+                (true, [fields, last]) => match watched_fits(a, fields, last) {
+                    Some(lo) => los.push(lo),
+                    None => fits = false,
+                },
+                _ => fits = false,
+            }
+        }
+        if !fits {
+            if redis::cmd("UNWATCH").query_async::<()>(conn).await.is_err() {
+                *guard = None;
+            }
+            drop(guard);
+            return self.append_scripted(all).await;
+        }
+        let mut tx = redis::pipe();
+        tx.atomic().ignore_errors();
+        for ((a, k), lo) in all.iter().zip(&keys).zip(&los) {
+            let mut seq = a.expected_head + 1;
+            for (n, blob) in chunks(a.evs) {
+                tx.cmd("XADD")
+                    .arg(&k.stream)
+                    .arg(format!("{seq}-0"))
+                    .arg("e")
+                    .arg(a.fence.epoch)
+                    .arg("n")
+                    .arg(n)
+                    .arg("b")
+                    .arg(blob);
+                seq += n as u64;
+            }
+            let head = a.expected_head + a.evs.len() as u64;
+            let answered: Vec<&str> = a
+                .evs
+                .iter()
+                .filter_map(|ev| ev.completes.as_deref())
+                .collect();
+            if !answered.is_empty() {
+                tx.cmd("HDEL").arg(&k.inflight).arg(&answered);
+            }
+            tx.cmd("HSET")
+                .arg(&k.record)
+                .arg("head")
+                .arg(head)
+                .arg("bt")
+                .arg(a.batch);
+            if let (Some(max), Some(lo)) = (a.maxlen, *lo) {
+                // As the script: keep the newest `max` events; `lo` moves exactly, and whole
+                // chunks before it go (`MINID`; one that reaches `lo` stays).
+                if let Some(keep) = (head + 1).checked_sub(max).filter(|&k| k > lo) {
+                    tx.cmd("HSET").arg(&k.record).arg("lo").arg(keep);
+                    if let Some(before) = (keep + 1)
+                        .checked_sub(CHUNK_EVENTS as u64)
+                        .filter(|&b| b > 1)
+                    {
+                        tx.cmd("XTRIM")
+                            .arg(&k.stream)
+                            .arg("MINID")
+                            .arg(format!("{before}-0"));
+                    }
+                }
+            }
+            tx.cmd("SPUBLISH")
+                .arg(&k.doorbell)
+                .arg(format!("{}:{head}", a.fence.epoch));
+        }
+        let done: Option<Vec<Value>> = match tx.query_async(conn).await {
+            Ok(r) => r,
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ExecAbort) => {
+                // Refused while queued (out of memory, say): the transaction ran nothing.
+                drop(guard);
+                return self.append_scripted(all).await;
+            }
+            Err(e) => {
+                *guard = None;
+                return all.iter().map(|_| Err(e.clone().into())).collect();
+            }
+        };
+        drop(guard);
+        let Some(replies) = done else {
+            // A watched record changed: nothing ran. The scripts fence each session.
+            return self.append_scripted(all).await;
+        };
+        if let Some(bad) = replies.iter().find_map(|v| match v {
+            Value::ServerError(e) => Some(format!("{e:?}")),
+            _ => None,
+        }) {
+            // Cannot happen (the records read as expected and nothing changed them): the turn's
+            // outcome is not what was asked, so it is unknown, and its sessions end.
+            tracing::error!(error = %bad, "a watched append turn ran with a failed command");
+            return all
+                .iter()
+                .map(|_| Err(SharedError::Reply(format!("watched append: {bad}"))))
+                .collect();
+        }
+        all.iter()
+            .map(|a| Ok(Ok(a.expected_head + a.evs.len() as u64)))
+            .collect()
     }
 
     /// `append` and `end`: the same keys and fence, two arguments of their own, then the events.
@@ -1186,6 +1389,43 @@ impl Shared {
 
 /// `evs` as chunks (events, bytes): each at most [`CHUNK_EVENTS`] events and [`CHUNK_BYTES`] of
 /// payload (or one larger event), every event `<tag> <kind> <length>\n<payload>`.
+/// Whether a watched turn may write `a` (see [`Shared::append_watched`]): the record as the
+/// `append` script's fence wants it, and the stream's last entry before the first new id. The
+/// record's `lo` when it fits (`None` when it has none and `a` does not trim); `None` when the
+/// scripts must take the turn (a record of the earlier form, without `lo`, among them: the
+/// script floors it).
+fn watched_fits(a: &Append<'_>, fields: &Value, last: &Value) -> Option<Option<u64>> {
+    let Value::Array(f) = fields else {
+        return None;
+    };
+    let field = |i: usize| match f.get(i) {
+        Some(Value::BulkString(b)) => std::str::from_utf8(b).ok(),
+        _ => None,
+    };
+    let fenced = field(0) == Some(a.fence.owner.as_str())
+        && field(1) == Some(a.fence.epoch.to_string().as_str())
+        && field(2) == Some(a.expected_head.to_string().as_str())
+        && field(3) == Some("live");
+    let lo = field(4).and_then(|v| v.parse::<u64>().ok());
+    // The stream's last entry: none, or one whose id's first part is at most the head.
+    let before = match last {
+        Value::Array(entries) => match entries.first() {
+            None => true,
+            Some(Value::Array(entry)) => match entry.first() {
+                Some(Value::BulkString(id)) => std::str::from_utf8(id)
+                    .ok()
+                    .and_then(|id| id.split('-').next())
+                    .and_then(|ms| ms.parse::<u64>().ok())
+                    .is_some_and(|first| first <= a.expected_head),
+                _ => false,
+            },
+            Some(_) => false,
+        },
+        _ => false,
+    };
+    (fenced && before && (a.maxlen.is_none() || lo.is_some())).then_some(lo)
+}
+
 fn chunks(evs: &[NewEvent]) -> Vec<(usize, Vec<u8>)> {
     use std::io::Write as _;
     let mut out: Vec<(usize, Vec<u8>)> = Vec::new();
