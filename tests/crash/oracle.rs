@@ -186,7 +186,9 @@ pub fn check_log(
         if s.evicted || !(cx.full || s.state == State::Open || changed) {
             continue;
         }
-        if row.is_none() && s.trim && !s.rcv.is_empty() {
+        // A session no client received an event of (created, then the crash: its -32091s and
+        // end were written by recovery) is evicted like any other once a check has listed it.
+        if row.is_none() && s.trim && (!s.rcv.is_empty() || s.listing.is_some()) {
             // Evicted for space (log.max_total_bytes)? Only on purpose: a remove record, or
             // (for a session a check saw before) nothing of it left at all.
             if scan.is_none() {
