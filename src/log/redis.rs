@@ -942,9 +942,9 @@ impl Shared {
         let _t = self.time("append");
         let keys: Vec<Keys> = all.iter().map(|a| self.keys(a.id)).collect();
         // Round trip one. Every key the transaction writes is watched; what could make one of its
-        // commands fail is read under the watch: the record's fields, the stream's last entry
-        // (an id at or past the first new one would refuse the `XADD`), and the types of the
-        // stream and the in-flight hash (a wrong one fails this pipeline).
+        // commands fail is read under the watch: the record's fields, any stream entry past the
+        // head (it would refuse the `XADD`), and the types of the stream and the in-flight hash
+        // (a wrong one fails this pipeline).
         let mut read = redis::pipe();
         let mut watch = redis::cmd("WATCH");
         for k in &keys {
@@ -955,10 +955,14 @@ impl Shared {
             read.cmd("HMGET")
                 .arg(&k.record)
                 .arg(&["owner", "epoch", "head", "state", "lo"]);
-            read.cmd("XREVRANGE")
+        }
+        for (a, k) in all.iter().zip(&keys) {
+            // Entries past the head (none, unless something wrote around the scripts): the
+            // first new id must be past the stream's last. Empty, so cheap, when all is well.
+            read.cmd("XRANGE")
                 .arg(&k.stream)
+                .arg(format!("({}-0", a.expected_head))
                 .arg("+")
-                .arg("-")
                 .arg("COUNT")
                 .arg(1);
             read.cmd("HLEN").arg(&k.inflight).ignore();
@@ -974,13 +978,13 @@ impl Shared {
         };
         let mut los = Vec::with_capacity(all.len());
         let mut fits = seen.len() == 2 * all.len();
-        for (a, pair) in all.iter().zip(seen.chunks(2)) {
-            match (fits, pair) {
-                (true, [fields, last]) => match watched_fits(a, fields, last) {
+        if fits {
+            let (fields, past) = seen.split_at(all.len());
+            for ((a, f), p) in all.iter().zip(fields).zip(past) {
+                match watched_fits(a, f, p) {
                     Some(lo) => los.push(lo),
                     None => fits = false,
-                },
-                _ => fits = false,
+                }
             }
         }
         if !fits {
@@ -1367,15 +1371,15 @@ impl Shared {
     ) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
         let _t = self.time("read");
         let k = self.keys(id);
-        let v: Value = self
-            .scripts
-            .read
-            .key(&k.record)
-            .key(&k.stream)
-            .arg(after)
-            .arg(max.max(1))
-            .invoke_async(&mut self.conn.clone())
-            .await?;
+        let plain = if self.is_cluster() {
+            None
+        } else {
+            self.read_plain(&k, after, max).await?
+        };
+        let v: Value = match plain {
+            Some(v) => v,
+            None => self.read_scripted(&k, after, max).await?,
+        };
         let Some((rec, mut evs)) = parse_read(v)? else {
             return Ok(None);
         };
@@ -1385,16 +1389,187 @@ impl Shared {
         evs.truncate(max.max(1));
         Ok(Some((rec, evs)))
     }
+
+    /// `read` without Lua on a single Redis (redis-server's Lua hashes every byte a script
+    /// handles, the chunks it reads included): one `MULTI` with the record's fields and up to
+    /// `min(max, 16)` entries from `after + 1` on (each holds at least one event); the chunk that
+    /// holds `after + 1` when it starts before it, and further pages up to `max` events, each
+    /// only when it goes on exactly where the entries before end. The reply has the script's
+    /// shape. `None` when the script must read it: a record of the earlier form (no `lo`), or a
+    /// stream trimmed between the round trips.
+    async fn read_plain(
+        &self,
+        k: &Keys,
+        after: u64,
+        max: usize,
+    ) -> Result<Option<Value>, SharedError> {
+        let mut tx = redis::pipe();
+        tx.atomic();
+        tx.cmd("HMGET").arg(&k.record).arg(&[
+            "owner",
+            "epoch",
+            "head",
+            "state",
+            "ep",
+            "meta",
+            "end_reason",
+            "lo",
+        ]);
+        let ranged = after < u64::MAX;
+        let at = format!("{}-0", after.saturating_add(1));
+        if ranged {
+            tx.cmd("XRANGE")
+                .arg(&k.stream)
+                .arg(&at)
+                .arg("+")
+                .arg("COUNT")
+                .arg(max.clamp(1, 16));
+        }
+        let mut replies: Vec<Value> = tx.query_async(&mut self.conn.clone()).await?;
+        let bad = |what: &str| SharedError::Reply(format!("read: {what}"));
+        if replies.len() != if ranged { 2 } else { 1 } {
+            return Err(bad("wrong number of replies"));
+        }
+        let mut entries = match ranged.then(|| replies.pop()).flatten() {
+            None => Vec::new(),
+            Some(Value::Array(es)) => es,
+            Some(_) => return Err(bad("a range is not an array")),
+        };
+        let mut full = entries.len() == max.clamp(1, 16);
+        let Some(Value::Array(fields)) = replies.pop() else {
+            return Err(bad("the record's fields are not an array"));
+        };
+        if fields.len() != 8 {
+            return Err(bad("wrong number of fields"));
+        }
+        if matches!(fields[0], Value::Nil) {
+            return Ok(Some(Value::Array(Vec::new())));
+        }
+        if matches!(fields[7], Value::Nil) {
+            return Ok(None);
+        }
+        let head: u64 = match &fields[2] {
+            Value::BulkString(h) => std::str::from_utf8(h)
+                .ok()
+                .and_then(|h| h.parse().ok())
+                .ok_or_else(|| bad("head"))?,
+            _ => return Err(bad("head")),
+        };
+        // The chunk that holds `after + 1` may start before it: then it is read on its own, and
+        // must reach `after + 1` and end where the entries read start (retention may have
+        // trimmed between the two round trips: the script reads it all at once).
+        let starts_at = entries.first().and_then(entry_span).map(|s| s.0);
+        if ranged && after < head && starts_at != Some(after + 1) {
+            let prev: Vec<Value> = redis::cmd("XREVRANGE")
+                .arg(&k.stream)
+                .arg(format!("({at}"))
+                .arg("-")
+                .arg("COUNT")
+                .arg(1)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            let span = prev.first().and_then(entry_span);
+            let fits = span.is_some_and(|(first, n)| {
+                first + n > after + 1 && starts_at.is_none_or(|s| s == first + n)
+            });
+            if !fits {
+                return Ok(None);
+            }
+            entries.splice(0..0, prev);
+        }
+        // Up to `max` events, as the script pages: further pages while the last was full, each
+        // kept only while it goes on where the one before ended (retention trims the stream's
+        // old end between pages; what is kept is always contiguous, the caller cuts at the
+        // snapshot's head).
+        let held = |es: &[Value]| -> Option<(u64, u64)> {
+            let first = es.first().and_then(entry_span)?.0;
+            let last = es.last().and_then(entry_span)?;
+            Some((first, last.0 + last.1))
+        };
+        while full {
+            let Some((first, next)) = held(&entries) else {
+                break;
+            };
+            let got = next.saturating_sub(after.saturating_add(1).max(first));
+            if got >= max as u64 {
+                break;
+            }
+            let want = (max - got as usize).clamp(1, 16);
+            let page: Vec<Value> = redis::cmd("XRANGE")
+                .arg(&k.stream)
+                .arg(format!("({}", entry_id(entries.last()).unwrap_or_default()))
+                .arg("+")
+                .arg("COUNT")
+                .arg(want)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            full = page.len() == want;
+            if page.first().and_then(entry_span).map(|s| s.0) != Some(next) {
+                break;
+            }
+            entries.extend(page);
+        }
+        let mut items: Vec<Value> = fields
+            .into_iter()
+            .map(|f| match f {
+                Value::Nil => Value::BulkString(Vec::new()),
+                other => other,
+            })
+            .collect();
+        items.push(Value::Array(entries));
+        Ok(Some(Value::Array(items)))
+    }
+
+    /// `read` as the script (a Cluster, a record of the earlier form).
+    async fn read_scripted(&self, k: &Keys, after: u64, max: usize) -> Result<Value, SharedError> {
+        Ok(self
+            .scripts
+            .read
+            .key(&k.record)
+            .key(&k.stream)
+            .arg(after)
+            .arg(max.max(1))
+            .invoke_async(&mut self.conn.clone())
+            .await?)
+    }
 }
 
-/// `evs` as chunks (events, bytes): each at most [`CHUNK_EVENTS`] events and [`CHUNK_BYTES`] of
-/// payload (or one larger event), every event `<tag> <kind> <length>\n<payload>`.
+/// A stream entry's id, `<first seq>-0`.
+fn entry_id(e: Option<&Value>) -> Option<String> {
+    match e? {
+        Value::Array(parts) => match parts.first()? {
+            Value::BulkString(id) => String::from_utf8(id.clone()).ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// The first seq a stream entry holds, and how many events (`n`; 1 for an entry of the earlier
+/// per-event form).
+fn entry_span(e: &Value) -> Option<(u64, u64)> {
+    let Value::Array(parts) = e else { return None };
+    let first = entry_id(Some(e))?.split('-').next()?.parse().ok()?;
+    let n = match parts.get(1) {
+        Some(Value::Array(f)) => f
+            .chunks(2)
+            .find(|kv| matches!(&kv[0], Value::BulkString(k) if k == b"n"))
+            .and_then(|kv| match kv.get(1) {
+                Some(Value::BulkString(v)) => std::str::from_utf8(v).ok()?.parse().ok(),
+                _ => None,
+            })
+            .unwrap_or(1),
+        _ => return None,
+    };
+    Some((first, n))
+}
+
 /// Whether a watched turn may write `a` (see [`Shared::append_watched`]): the record as the
-/// `append` script's fence wants it, and the stream's last entry before the first new id. The
+/// `append` script's fence wants it, and no stream entry past the head (`past`). The
 /// record's `lo` when it fits (`None` when it has none and `a` does not trim); `None` when the
 /// scripts must take the turn (a record of the earlier form, without `lo`, among them: the
 /// script floors it).
-fn watched_fits(a: &Append<'_>, fields: &Value, last: &Value) -> Option<Option<u64>> {
+fn watched_fits(a: &Append<'_>, fields: &Value, past: &Value) -> Option<Option<u64>> {
     let Value::Array(f) = fields else {
         return None;
     };
@@ -1407,25 +1582,13 @@ fn watched_fits(a: &Append<'_>, fields: &Value, last: &Value) -> Option<Option<u
         && field(2) == Some(a.expected_head.to_string().as_str())
         && field(3) == Some("live");
     let lo = field(4).and_then(|v| v.parse::<u64>().ok());
-    // The stream's last entry: none, or one whose id's first part is at most the head.
-    let before = match last {
-        Value::Array(entries) => match entries.first() {
-            None => true,
-            Some(Value::Array(entry)) => match entry.first() {
-                Some(Value::BulkString(id)) => std::str::from_utf8(id)
-                    .ok()
-                    .and_then(|id| id.split('-').next())
-                    .and_then(|ms| ms.parse::<u64>().ok())
-                    .is_some_and(|first| first <= a.expected_head),
-                _ => false,
-            },
-            Some(_) => false,
-        },
-        _ => false,
-    };
+    // No entry past the head.
+    let before = matches!(past, Value::Array(entries) if entries.is_empty());
     (fenced && before && (a.maxlen.is_none() || lo.is_some())).then_some(lo)
 }
 
+/// `evs` as chunks (events, bytes): each at most [`CHUNK_EVENTS`] events and [`CHUNK_BYTES`] of
+/// payload (or one larger event), every event `<tag> <kind> <length>\n<payload>`.
 fn chunks(evs: &[NewEvent]) -> Vec<(usize, Vec<u8>)> {
     use std::io::Write as _;
     let mut out: Vec<(usize, Vec<u8>)> = Vec::new();
