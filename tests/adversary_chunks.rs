@@ -763,6 +763,75 @@ async fn a_watched_turn_never_moves_a_head_past_a_stray_entry() {
     assert_eq!(evalsha_calls(&r).await, before, "a script ran");
 }
 
+/// As [`a_watched_turn_never_moves_a_head_past_a_stray_entry`], but the stray entry was deleted
+/// again (`XADD 10-0` then `XDEL`): no entry is past the head, so round trip one's `XRANGE` is
+/// empty, yet the stream's last generated id is still `10-0` and the `XADD 4-0` inside `EXEC`
+/// fails while the `HSET head` after it runs (a `MULTI` has no rollback). The script way fails
+/// the `XADD` before it moves the head.
+#[tokio::test]
+async fn a_watched_turn_never_moves_a_head_past_a_deleted_stray_entry() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let me = owner("a/1", 1);
+    let ids = [new_session(&s, "a/1").await, new_session(&s, "a/1").await];
+    let first: Vec<NewEvent> = (0..3).map(hostile).collect();
+    for id in &ids {
+        assert_eq!(
+            s.append(id, &me, 0, "t0", &first, None).await.unwrap(),
+            Ok(3)
+        );
+    }
+    let mut c = r.admin().await;
+    let stream = keys(&ids[0]).1;
+    let _: String = ::redis::cmd("XADD")
+        .arg(&stream)
+        .arg("10-0")
+        .arg("e")
+        .arg(1)
+        .arg("n")
+        .arg(1)
+        .arg("b")
+        .arg("x 0 1\ny")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: i64 = ::redis::cmd("XDEL")
+        .arg(&stream)
+        .arg("10-0")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let more: Vec<NewEvent> = (3..6).map(hostile).collect();
+    let reqs: Vec<Append<'_>> = ids
+        .iter()
+        .map(|id| Append {
+            id,
+            fence: &me,
+            expected_head: 3,
+            batch: "t1",
+            evs: &more,
+            maxlen: Some(1000),
+        })
+        .collect();
+    let out = s.append_turn(&reqs).await;
+    assert!(
+        out[0].is_err(),
+        "the session whose stream refuses the XADD: an unknown outcome, not {:?}",
+        out[0]
+    );
+    let (rec0, _) = s.read(&ids[0], u64::MAX, 1).await.unwrap().unwrap();
+    let held = entries(&r, &ids[0]).await;
+    assert_eq!(
+        rec0.ranges.head, 3,
+        "its head moved without its events (entries held: {held:?})"
+    );
+    let got = read_contiguous(&s, &ids[1], 0, 4).await;
+    assert_eq!(
+        got.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        (1..=6).collect::<Vec<_>>()
+    );
+}
+
 /// `EVALSHA` calls so far (`INFO commandstats`).
 async fn evalsha_calls(r: &RedisServer) -> u64 {
     let mut c = r.admin().await;
