@@ -819,6 +819,11 @@ async fn a_watched_turn_never_moves_a_head_past_a_deleted_stray_entry() {
         "the session whose stream refuses the XADD: an unknown outcome, not {:?}",
         out[0]
     );
+    assert_eq!(
+        out[1].as_ref().unwrap(),
+        &Ok(6),
+        "the turn's other session is written"
+    );
     let (rec0, _) = s.read(&ids[0], u64::MAX, 1).await.unwrap().unwrap();
     let held = entries(&r, &ids[0]).await;
     assert_eq!(

@@ -255,6 +255,32 @@ redis.call('SPUBLISH', KEYS[4], ARGV[2] .. ':' .. string.format('%d', head))
 return {'OK', string.format('%d', head)}
 "#;
 
+/// `commit`: a watched turn's end for one session, in its `MULTI` after the session's plain
+/// `XADD`s (see [`Shared::append_watched`]); sent whole (`EVAL`: a missing script inside the
+/// transaction would leave the chunks written and the head not moved). KEYS: record, stream,
+/// in-flight, doorbell. ARGV: the entries the stream must hold now (its length read under the
+/// `WATCH` plus the chunks: an `XADD` that failed inside `MULTI`, which has no rollback, leaves
+/// fewer, and then nothing moves), the new head, the batch token, max events retained (`''`:
+/// no bound), events a chunk holds at most, the epoch, then the requests these events answer.
+/// Retention as `append`. Small arguments only: no event byte goes through Lua.
+const COMMIT: &str = r#"
+if redis.call('XLEN', KEYS[2]) ~= tonumber(ARGV[1]) then return {'NOTADDED'} end
+local head = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'head', ARGV[2], 'bt', ARGV[3])
+if ARGV[4] ~= '' then
+  local lo = tonumber(redis.call('HGET', KEYS[1], 'lo'))
+  local keep = head - tonumber(ARGV[4]) + 1
+  if lo and keep > lo then
+    redis.call('HSET', KEYS[1], 'lo', string.format('%d', keep))
+    local before = keep - tonumber(ARGV[5]) + 1
+    if before > 1 then redis.call('XTRIM', KEYS[2], 'MINID', string.format('%d-0', before)) end
+  end
+end
+for j = 7, #ARGV do redis.call('HDEL', KEYS[3], ARGV[j]) end
+redis.call('SPUBLISH', KEYS[4], ARGV[6] .. ':' .. ARGV[2])
+return {'OK'}
+"#;
+
 /// `inflight_add`. KEYS: record, in-flight. ARGV: owner, epoch, request id, tag. A request id
 /// already in flight answers `DUP` with its stream tag (a retried forward joins the first).
 const INFLIGHT_ADD: &str = r#"
@@ -905,9 +931,11 @@ impl Shared {
     ///
     /// 1. `WATCH` every session's record, and read each (`HMGET`): the writer checks the fence
     ///    itself (owner, epoch, live, the head it expects, `lo` when it trims).
-    /// 2. `MULTI`, per session what the `append` script does — the chunks' `XADD`s, the answered
-    ///    requests out of the in-flight hash, the head and batch token, retention, the doorbell —
-    ///    `EXEC`.
+    /// 2. `MULTI`, per session its chunks' plain `XADD`s, then [`COMMIT`] (a small script: when
+    ///    the stream grew by exactly those chunks, the head and batch token, retention, the
+    ///    answered requests out of the in-flight hash, the doorbell), `EXEC`. `MULTI` has no
+    ///    rollback: an `XADD` that fails (a stream whose last id is past the head, which the
+    ///    first round trip cannot see once that entry was deleted) must not let the head move.
     ///
     /// Any write to a watched record in between (a takeover, an end, a rewind) makes `EXEC`
     /// run nothing. Then, and whenever a record does not read as expected or the first round
@@ -967,6 +995,9 @@ impl Shared {
                 .arg(1);
             read.cmd("HLEN").arg(&k.inflight).ignore();
         }
+        for k in &keys {
+            read.cmd("XLEN").arg(&k.stream);
+        }
         let seen: Vec<Value> = match read.query_async(conn).await {
             Ok(r) => r,
             Err(_) => {
@@ -976,14 +1007,15 @@ impl Shared {
                 return self.append_scripted(all).await;
             }
         };
-        let mut los = Vec::with_capacity(all.len());
-        let mut fits = seen.len() == 2 * all.len();
+        let mut lens = Vec::with_capacity(all.len());
+        let mut fits = seen.len() == 3 * all.len();
         if fits {
-            let (fields, past) = seen.split_at(all.len());
-            for ((a, f), p) in all.iter().zip(fields).zip(past) {
-                match watched_fits(a, f, p) {
-                    Some(lo) => los.push(lo),
-                    None => fits = false,
+            let (fields, rest) = seen.split_at(all.len());
+            let (past, len) = rest.split_at(all.len());
+            for (((a, f), p), l) in all.iter().zip(fields).zip(past).zip(len) {
+                match (watched_fits(a, f, p), l) {
+                    (Some(_), Value::Int(l)) => lens.push(*l),
+                    _ => fits = false,
                 }
             }
         }
@@ -996,9 +1028,13 @@ impl Shared {
         }
         let mut tx = redis::pipe();
         tx.atomic().ignore_errors();
-        for ((a, k), lo) in all.iter().zip(&keys).zip(&los) {
+        // Per session: its replies in the transaction (its `XADD`s, then `commit`'s).
+        let mut spans = Vec::with_capacity(all.len());
+        for ((a, k), len) in all.iter().zip(&keys).zip(&lens) {
             let mut seq = a.expected_head + 1;
-            for (n, blob) in chunks(a.evs) {
+            let chunks = chunks(a.evs);
+            let n_chunks = chunks.len();
+            for (n, blob) in chunks {
                 tx.cmd("XADD")
                     .arg(&k.stream)
                     .arg(format!("{seq}-0"))
@@ -1011,39 +1047,26 @@ impl Shared {
                 seq += n as u64;
             }
             let head = a.expected_head + a.evs.len() as u64;
-            let answered: Vec<&str> = a
-                .evs
-                .iter()
-                .filter_map(|ev| ev.completes.as_deref())
-                .collect();
-            if !answered.is_empty() {
-                tx.cmd("HDEL").arg(&k.inflight).arg(&answered);
-            }
-            tx.cmd("HSET")
+            let commit = tx
+                .cmd("EVAL")
+                .arg(COMMIT)
+                .arg(4)
                 .arg(&k.record)
-                .arg("head")
+                .arg(&k.stream)
+                .arg(&k.inflight)
+                .arg(&k.doorbell)
+                .arg(*len + n_chunks as i64)
                 .arg(head)
-                .arg("bt")
-                .arg(a.batch);
-            if let (Some(max), Some(lo)) = (a.maxlen, *lo) {
-                // As the script: keep the newest `max` events; `lo` moves exactly, and whole
-                // chunks before it go (`MINID`; one that reaches `lo` stays).
-                if let Some(keep) = (head + 1).checked_sub(max).filter(|&k| k > lo) {
-                    tx.cmd("HSET").arg(&k.record).arg("lo").arg(keep);
-                    if let Some(before) = (keep + 1)
-                        .checked_sub(CHUNK_EVENTS as u64)
-                        .filter(|&b| b > 1)
-                    {
-                        tx.cmd("XTRIM")
-                            .arg(&k.stream)
-                            .arg("MINID")
-                            .arg(format!("{before}-0"));
-                    }
+                .arg(a.batch)
+                .arg(a.maxlen.map(|m| m.to_string()).unwrap_or_default())
+                .arg(CHUNK_EVENTS)
+                .arg(a.fence.epoch);
+            for ev in a.evs {
+                if let Some(request) = &ev.completes {
+                    commit.arg(request.as_str());
                 }
             }
-            tx.cmd("SPUBLISH")
-                .arg(&k.doorbell)
-                .arg(format!("{}:{head}", a.fence.epoch));
+            spans.push(n_chunks + 1);
         }
         let done: Option<Vec<Value>> = match tx.query_async(conn).await {
             Ok(r) => r,
@@ -1062,21 +1085,34 @@ impl Shared {
             // A watched record changed: nothing ran. The scripts fence each session.
             return self.append_scripted(all).await;
         };
-        if let Some(bad) = replies.iter().find_map(|v| match v {
-            Value::ServerError(e) => Some(format!("{e:?}")),
-            _ => None,
-        }) {
-            // Cannot happen (the records read as expected and nothing changed them): the turn's
-            // outcome is not what was asked, so it is unknown, and its sessions end.
-            tracing::error!(error = %bad, "a watched append turn ran with a failed command");
+        if replies.len() != spans.iter().sum::<usize>() {
+            let why = format!("watched append: {} replies", replies.len());
             return all
                 .iter()
-                .map(|_| Err(SharedError::Reply(format!("watched append: {bad}"))))
+                .map(|_| Err(SharedError::Reply(why.clone())))
                 .collect();
         }
-        all.iter()
-            .map(|a| Ok(Ok(a.expected_head + a.evs.len() as u64)))
-            .collect()
+        let mut out = Vec::with_capacity(all.len());
+        let mut at = 0;
+        for (a, span) in all.iter().zip(spans) {
+            let mine = &replies[at..at + span];
+            at += span;
+            let committed = matches!(
+                mine.last(),
+                Some(Value::Array(r)) if matches!(r.first(), Some(Value::BulkString(ok)) if ok == b"OK")
+            );
+            out.push(if committed {
+                Ok(Ok(a.expected_head + a.evs.len() as u64))
+            } else {
+                // An `XADD` failed inside the transaction (the stream's last id is past the head:
+                // something wrote around the scripts): the head did not move. What it wrote past
+                // the head is unknown to the record; the session ends here, loudly.
+                let why = format!("watched append: {mine:?}");
+                tracing::error!(session = %a.id, error = %why, "a watched append was not committed");
+                Err(SharedError::Reply(why))
+            });
+        }
+        out
     }
 
     /// `append` and `end`: the same keys and fence, two arguments of their own, then the events.
