@@ -690,86 +690,12 @@ async fn a_landed_write_whose_reply_was_lost_leaves_the_owner_with_a_stale_oldes
     assert_eq!(on_a, on_b, "the replicas disagree on cursor 100");
 }
 
-/// The writer's watched turn (single Redis: the events go as plain `XADD`s, not as script
-/// arguments) must never write a session whose stream holds an entry past its record's head — the
-/// `XADD` would fail inside `MULTI`, and the head would move anyway. Such a session goes the
-/// script way, whose `XADD` fails before anything is written (an unknown outcome); the turn's
-/// other sessions are written. (Nothing in the proxy writes around the scripts: the entry is
-/// planted by hand.)
-#[tokio::test]
-async fn a_watched_turn_never_moves_a_head_past_a_stray_entry() {
-    let r = RedisServer::start(Persist::AofAlways).await;
-    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
-    let me = owner("a/1", 1);
-    let ids = [new_session(&s, "a/1").await, new_session(&s, "a/1").await];
-    let first: Vec<NewEvent> = (0..3).map(hostile).collect();
-    for id in &ids {
-        assert_eq!(
-            s.append(id, &me, 0, "t0", &first, None).await.unwrap(),
-            Ok(3)
-        );
-    }
-    let mut c = r.admin().await;
-    let _: String = ::redis::cmd("XADD")
-        .arg(keys(&ids[0]).1)
-        .arg("10-0")
-        .arg("e")
-        .arg(1)
-        .arg("n")
-        .arg(1)
-        .arg("b")
-        .arg("x 0 1\ny")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    let more: Vec<NewEvent> = (3..6).map(hostile).collect();
-    let reqs: Vec<Append<'_>> = ids
-        .iter()
-        .map(|id| Append {
-            id,
-            fence: &me,
-            expected_head: 3,
-            batch: "t1",
-            evs: &more,
-            maxlen: Some(1000),
-        })
-        .collect();
-    let out = s.append_turn(&reqs).await;
-    assert!(
-        out[0].is_err(),
-        "the session with a stray entry: an unknown outcome, not {:?}",
-        out[0]
-    );
-    assert_eq!(out[1].as_ref().unwrap(), &Ok(6));
-    let (rec0, _) = s.read(&ids[0], u64::MAX, 1).await.unwrap().unwrap();
-    assert_eq!(rec0.ranges.head, 3, "its head did not move");
-    let got = read_contiguous(&s, &ids[1], 0, 4).await;
-    assert_eq!(
-        got.iter().map(|e| e.seq).collect::<Vec<_>>(),
-        (1..=6).collect::<Vec<_>>()
-    );
-    // A turn whose records all fit is written without a script (the watched way).
-    let before = evalsha_calls(&r).await;
-    let last: Vec<NewEvent> = (6..9).map(hostile).collect();
-    let one = [Append {
-        id: &ids[1],
-        fence: &me,
-        expected_head: 6,
-        batch: "t2",
-        evs: &last,
-        maxlen: Some(1000),
-    }];
-    assert_eq!(s.append_turn(&one).await[0].as_ref().unwrap(), &Ok(9));
-    assert_eq!(evalsha_calls(&r).await, before, "a script ran");
-}
-
-/// As [`a_watched_turn_never_moves_a_head_past_a_stray_entry`], but the stray entry was deleted
-/// again (`XADD 10-0` then `XDEL`): no entry is past the head, so round trip one's `XRANGE` is
-/// empty, yet the stream's last generated id is still `10-0` and the `XADD 4-0` inside `EXEC`
-/// fails while the `HSET head` after it runs (a `MULTI` has no rollback). The script way fails
-/// the `XADD` before it moves the head.
-#[tokio::test]
-async fn a_watched_turn_never_moves_a_head_past_a_deleted_stray_entry() {
+/// Two sessions at head 3, the first with an entry `10-0` planted in its stream around the scripts
+/// (and deleted again with `delete`), then one watched turn appending 3 events to each: the
+/// `XADD 4-0` of the first fails inside the transaction either way (a stream's last generated id
+/// stays `10-0` after `XDEL`). Checks what both tests want: the first session's outcome is
+/// unknown and its head did not move, the other one is written and reads 1..=6.
+async fn turn_after_a_stray_entry(delete: bool) -> (RedisServer, Shared, [SessionId; 2]) {
     let r = RedisServer::start(Persist::AofAlways).await;
     let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
     let me = owner("a/1", 1);
@@ -795,12 +721,14 @@ async fn a_watched_turn_never_moves_a_head_past_a_deleted_stray_entry() {
         .query_async(&mut c)
         .await
         .unwrap();
-    let _: i64 = ::redis::cmd("XDEL")
-        .arg(&stream)
-        .arg("10-0")
-        .query_async(&mut c)
-        .await
-        .unwrap();
+    if delete {
+        let _: i64 = ::redis::cmd("XDEL")
+            .arg(&stream)
+            .arg("10-0")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+    }
     let more: Vec<NewEvent> = (3..6).map(hostile).collect();
     let reqs: Vec<Append<'_>> = ids
         .iter()
@@ -835,6 +763,39 @@ async fn a_watched_turn_never_moves_a_head_past_a_deleted_stray_entry() {
         got.iter().map(|e| e.seq).collect::<Vec<_>>(),
         (1..=6).collect::<Vec<_>>()
     );
+    (r, s, ids)
+}
+
+/// The writer's watched turn (single Redis: the events go as plain `XADD`s, not as script
+/// arguments, and a small `COMMIT` script moves the head) must never move the head of a session
+/// whose stream holds an entry past it — the `XADD` fails inside `MULTI`, which has no rollback.
+/// (Nothing in the proxy writes around the scripts: the entry is planted by hand.) A turn whose
+/// records all fit then runs no `EVALSHA` (the scripts' way).
+#[tokio::test]
+async fn a_watched_turn_never_moves_a_head_past_a_stray_entry() {
+    let (r, s, ids) = turn_after_a_stray_entry(false).await;
+    let me = owner("a/1", 1);
+    let before = evalsha_calls(&r).await;
+    let last: Vec<NewEvent> = (6..9).map(hostile).collect();
+    let one = [Append {
+        id: &ids[1],
+        fence: &me,
+        expected_head: 6,
+        batch: "t2",
+        evs: &last,
+        maxlen: Some(1000),
+    }];
+    assert_eq!(s.append_turn(&one).await[0].as_ref().unwrap(), &Ok(9));
+    assert_eq!(evalsha_calls(&r).await, before, "a script ran");
+}
+
+/// As [`a_watched_turn_never_moves_a_head_past_a_stray_entry`], but the stray entry was deleted
+/// again (`XADD 10-0` then `XDEL`): no entry is past the head, yet the stream's last generated id
+/// is still `10-0` and the `XADD 4-0` inside `EXEC` fails (found by the adversary pass: the
+/// `HSET head` after it ran, before the head moved by `COMMIT`).
+#[tokio::test]
+async fn a_watched_turn_never_moves_a_head_past_a_deleted_stray_entry() {
+    turn_after_a_stray_entry(true).await;
 }
 
 /// `EVALSHA` calls so far (`INFO commandstats`).
