@@ -1363,6 +1363,19 @@ async fn run(args: Args) -> Res<()> {
                             calls("xadd"),
                             r.events as f64 / scripts.max(1) as f64
                         ));
+                        let mut all: Vec<(String, u64)> = stats
+                            .iter()
+                            .map(|(n, _)| (n.clone(), calls(n)))
+                            .filter(|(_, c)| *c > 0)
+                            .collect();
+                        all.sort_by_key(|c| std::cmp::Reverse(c.1));
+                        let all: Vec<String> =
+                            all.iter().map(|(n, c)| format!("{n} {c}")).collect();
+                        ctx.line(format!(
+                            "           {:<14} all redis calls: {}",
+                            mode.name(),
+                            all.join(", ")
+                        ));
                     }
                 }
                 if let (Some(hop), Some(redis)) = (r.cpu_hop, r.cpu_redis) {

@@ -812,3 +812,48 @@ async fn evalsha_calls(r: &RedisServer) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
 }
+
+/// A read asks Redis for as many entries as `max` events should need, from the events per entry
+/// of the read before. Reads of a session of one-event entries right after reads of full chunks
+/// (an estimate 256 times too high) still page on to exactly `max` events, and the other way
+/// round a read of full chunks after one-event entries (16 entries asked for) stops at `max`.
+#[tokio::test]
+async fn a_read_after_reads_of_other_chunk_sizes_is_exact() {
+    let r = RedisServer::start(Persist::AofAlways).await;
+    let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let me = owner("a/1", 1);
+    let big = new_session(&s, "a/1").await;
+    let evs: Vec<NewEvent> = (0..4 * CHUNK_EVENTS as u64)
+        .map(|i| NewEvent::new(StreamTag(0), Kind::Message, Bytes::from(format!("{i}"))))
+        .collect();
+    let big_head = s
+        .append(&big, &me, 0, "big", &evs, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let small = new_session(&s, "a/1").await;
+    let mut small_head = 0;
+    for b in 0..600u64 {
+        let ev = vec![hostile(b)];
+        small_head = s
+            .append(&small, &me, small_head, &format!("s{b}"), &ev, None)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    for round in 0..3 {
+        for (id, head) in [(&big, big_head), (&small, small_head)] {
+            for after in [0, 1, 255, 256, 257, head - 300, head - 1] {
+                for max in [1, 17, 256, 300] {
+                    let (_, got) = s.read(id, after, max).await.unwrap().unwrap();
+                    let want: Vec<u64> = (after + 1..=head.min(after + max as u64)).collect();
+                    assert_eq!(
+                        got.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                        want,
+                        "round {round} head {head} after {after} max {max}"
+                    );
+                }
+            }
+        }
+    }
+}

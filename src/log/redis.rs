@@ -33,6 +33,8 @@
 //! the resume check (§4: [`super::cursor::check_resume`] over [`Record::ranges`]) and the events it
 //! serves come from one snapshot, on whichever replica runs it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use bytes::Bytes;
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster_async::ClusterConnection;
@@ -586,6 +588,8 @@ pub struct Shared {
     scripts: Scripts,
     /// Times each round trip by op (`mcp_resume_redis_seconds`), once set.
     timer: Option<prometheus::HistogramVec>,
+    /// Events per stream entry in the last read: how many entries a read of `max` asks for.
+    per_entry: AtomicUsize,
 }
 
 impl std::fmt::Debug for Shared {
@@ -639,6 +643,7 @@ impl Shared {
             prefix: prefix.to_string(),
             scripts: Scripts::new(),
             timer: None,
+            per_entry: AtomicUsize::new(1),
         })
     }
 
@@ -1416,12 +1421,13 @@ impl Shared {
     }
 
     /// `read` without Lua on a single Redis (redis-server's Lua hashes every byte a script
-    /// handles, the chunks it reads included): one `MULTI` with the record's fields and up to
-    /// `min(max, 16)` entries from `after + 1` on (each holds at least one event); the chunk that
-    /// holds `after + 1` when it starts before it, and further pages up to `max` events, each
-    /// only when it goes on exactly where the entries before end. The reply has the script's
-    /// shape. `None` when the script must read it: a record of the earlier form (no `lo`), or a
-    /// stream trimmed between the round trips.
+    /// handles, the chunks it reads included): one `MULTI` with the record's fields, the entry at
+    /// or before `after + 1` (the chunk that holds it, which may start before it) and the entries
+    /// after that one, as many as `max` events are likely to need (from the events per entry of
+    /// the last read; at most 16); further pages up to `max` events, each only when it goes on
+    /// exactly where the entries before end. The reply has the script's shape. `None` when the
+    /// script must read it: a record of the earlier form (no `lo`), or entries that do not start
+    /// at `after + 1` (a stream trimmed under the cursor: the script decides).
     async fn read_plain(
         &self,
         k: &Keys,
@@ -1442,25 +1448,44 @@ impl Shared {
         ]);
         let ranged = after < u64::MAX;
         let at = format!("{}-0", after.saturating_add(1));
+        let count = max
+            .div_ceil(self.per_entry.load(Ordering::Relaxed).max(1))
+            .clamp(1, 16);
         if ranged {
-            tx.cmd("XRANGE")
+            tx.cmd("XREVRANGE")
                 .arg(&k.stream)
                 .arg(&at)
+                .arg("-")
+                .arg("COUNT")
+                .arg(1);
+            tx.cmd("XRANGE")
+                .arg(&k.stream)
+                .arg(format!("({at}"))
                 .arg("+")
                 .arg("COUNT")
-                .arg(max.clamp(1, 16));
+                .arg(count);
         }
         let mut replies: Vec<Value> = tx.query_async(&mut self.conn.clone()).await?;
         let bad = |what: &str| SharedError::Reply(format!("read: {what}"));
-        if replies.len() != if ranged { 2 } else { 1 } {
+        if replies.len() != if ranged { 3 } else { 1 } {
             return Err(bad("wrong number of replies"));
         }
-        let mut entries = match ranged.then(|| replies.pop()).flatten() {
-            None => Vec::new(),
-            Some(Value::Array(es)) => es,
-            Some(_) => return Err(bad("a range is not an array")),
+        let (mut entries, mut full) = if ranged {
+            let Some(Value::Array(rest)) = replies.pop() else {
+                return Err(bad("a range is not an array"));
+            };
+            let Some(Value::Array(prev)) = replies.pop() else {
+                return Err(bad("a range is not an array"));
+            };
+            let full = rest.len() == count;
+            // The entry before: only when it holds `after + 1` (else it ended before it).
+            let holds = |e: &Value| entry_span(e).is_some_and(|(first, n)| first + n > after + 1);
+            let mut entries: Vec<Value> = prev.into_iter().filter(holds).collect();
+            entries.extend(rest);
+            (entries, full)
+        } else {
+            (Vec::new(), false)
         };
-        let mut full = entries.len() == max.clamp(1, 16);
         let Some(Value::Array(fields)) = replies.pop() else {
             return Err(bad("the record's fields are not an array"));
         };
@@ -1477,30 +1502,35 @@ impl Shared {
             Value::BulkString(h) => std::str::from_utf8(h)
                 .ok()
                 .and_then(|h| h.parse().ok())
-                .ok_or_else(|| bad("head"))?,
-            _ => return Err(bad("head")),
-        };
-        // The chunk that holds `after + 1` may start before it: then it is read on its own, and
-        // must reach `after + 1` and end where the entries read start (retention may have
-        // trimmed between the two round trips: the script reads it all at once).
-        let starts_at = entries.first().and_then(entry_span).map(|s| s.0);
-        if ranged && after < head && starts_at != Some(after + 1) {
-            let prev: Vec<Value> = redis::cmd("XREVRANGE")
-                .arg(&k.stream)
-                .arg(format!("({at}"))
-                .arg("-")
-                .arg("COUNT")
-                .arg(1)
-                .query_async(&mut self.conn.clone())
-                .await?;
-            let span = prev.first().and_then(entry_span);
-            let fits = span.is_some_and(|(first, n)| {
-                first + n > after + 1 && starts_at.is_none_or(|s| s == first + n)
-            });
-            if !fits {
+                .ok_or_else(|| bad("head")),
+            _ => Err(bad("head")),
+        }?;
+        if ranged && after < head {
+            // What was read must hold `after + 1` and go on without a hole (one snapshot, but an
+            // entry of another epoch's rewind or a stray one must not be read past).
+            let mut next = after + 1;
+            let mut kept = 0;
+            for e in &entries {
+                match entry_span(e) {
+                    Some((first, n))
+                        if (first == next || (kept == 0 && first < next)) && first + n > next =>
+                    {
+                        next = first + n;
+                        kept += 1;
+                    }
+                    _ => break,
+                }
+            }
+            if kept == 0 {
                 return Ok(None);
             }
-            entries.splice(0..0, prev);
+            if kept < entries.len() {
+                entries.truncate(kept);
+                full = false;
+            }
+            let events = next - (after + 1);
+            let per = (events as usize).div_ceil(kept).max(1);
+            self.per_entry.store(per, Ordering::Relaxed);
         }
         // Up to `max` events, as the script pages: further pages while the last was full, each
         // kept only while it goes on where the one before ended (retention trims the stream's
