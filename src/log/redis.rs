@@ -1674,16 +1674,11 @@ fn parse_chunk(first: u64, epoch: u32, n: usize, blob: Bytes) -> Option<Vec<Even
     let mut events = Vec::with_capacity(n);
     let mut at = 0;
     while at < blob.len() {
-        let eol = at + memchr::memchr(b'\n', &blob[at..])?;
-        let head = std::str::from_utf8(&blob[at..eol]).ok()?;
-        let mut f = head.split(' ');
-        let tag: u64 = f.next()?.parse().ok()?;
-        let kind = Kind::from_u8(f.next()?.parse().ok()?)?;
-        let len: usize = f.next()?.parse().ok()?;
-        if f.next().is_some() {
-            return None;
-        }
-        let start = eol + 1;
+        let (tag, next) = decimal(&blob, at, b' ')?;
+        let (kind, next) = decimal(&blob, next, b' ')?;
+        let kind = Kind::from_u8(u8::try_from(kind).ok()?)?;
+        let (len, start) = decimal(&blob, next, b'\n')?;
+        let len = usize::try_from(len).ok()?;
         let end = start.checked_add(len).filter(|&e| e <= blob.len())?;
         events.push(Event {
             seq: first + events.len() as u64,
@@ -1695,6 +1690,24 @@ fn parse_chunk(first: u64, epoch: u32, n: usize, blob: Bytes) -> Option<Vec<Even
         at = end;
     }
     (events.len() == n && n > 0).then_some(events)
+}
+
+/// The decimal number at `b[at..]` up to `stop` (at least one digit, nothing else), and where
+/// what follows `stop` starts.
+fn decimal(b: &[u8], at: usize, stop: u8) -> Option<(u64, usize)> {
+    let mut v: u64 = 0;
+    let mut i = at;
+    while let Some(&c) = b.get(i) {
+        if c == stop && i > at {
+            return Some((v, i + 1));
+        }
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add(u64::from(c - b'0'))?;
+        i += 1;
+    }
+    None
 }
 
 /// A script's answer: `OK` and its fields, or the refusal.
@@ -1859,4 +1872,75 @@ fn parse_entry(e: Value) -> Option<Vec<Event>> {
         kind: kind?,
         payload: data?,
     }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(tag: u64, kind: Kind, payload: &[u8]) -> NewEvent {
+        NewEvent::new(StreamTag(tag), kind, Bytes::copy_from_slice(payload))
+    }
+
+    #[test]
+    fn chunks_parse_back_exactly() {
+        let evs = vec![
+            ev(0, Kind::Priming, b""),
+            ev(7, Kind::Message, b"{\"a\":1}\n\n9 9 9\n"),
+            ev(u64::MAX, Kind::Final, b"x"),
+            ev(3, Kind::End, &[0xff, b'\n', b' ', 0]),
+        ];
+        let cs = chunks(&evs);
+        assert_eq!(cs.len(), 1);
+        let (n, blob) = cs.into_iter().next().unwrap();
+        let got = parse_chunk(41, 2, n, Bytes::from(blob)).expect("parses");
+        let got: Vec<_> = got
+            .iter()
+            .map(|e| (e.seq, e.epoch, e.stream.0, e.kind as u8, e.payload.to_vec()))
+            .collect();
+        let want: Vec<_> = evs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                (
+                    41 + i as u64,
+                    2,
+                    e.stream.0,
+                    e.kind as u8,
+                    e.payload.to_vec(),
+                )
+            })
+            .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_malformed_chunk_is_refused_whole() {
+        for blob in [
+            &b""[..],
+            b"1 0 1\n",
+            b"1 0 2\nx",
+            b"1 0\nx",
+            b"1 0 1 1\nx",
+            b"+1 0 1\nx",
+            b"1 -0 1\nx",
+            b"1  0 1\nx",
+            b"1 0 1x\nx",
+            b" 1 0 1\nx",
+            b"1 4 1\nx",
+            b"1 256 1\nx",
+            b"18446744073709551616 0 1\nx",
+            b"1 0 18446744073709551615\nx",
+            b"1 0 1\nx1 0 1\n",
+        ] {
+            assert!(
+                parse_chunk(1, 1, 1, Bytes::from_static(blob)).is_none(),
+                "{:?}",
+                String::from_utf8_lossy(blob)
+            );
+        }
+        // The count must match too.
+        assert!(parse_chunk(1, 1, 2, Bytes::from_static(b"1 0 1\nx")).is_none());
+        assert!(parse_chunk(1, 1, 1, Bytes::from_static(b"1 0 1\nx")).is_some());
+    }
 }
