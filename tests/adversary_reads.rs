@@ -5,7 +5,7 @@
 //! (`read_scripted`) is the reference, reached by hiding the record's `lo` (a record of the
 //! earlier form goes to the script).
 //!
-//! Tests marked FINDING fail on ab0e075; the others are probes that held.
+//! Tests marked FINDING failed on ab0e075 (fixed since: reads stop at the head, check every page for holes, and never overflow on an absurd count); the others are probes that held.
 //!
 //! Run: `cargo test --test adversary_reads` (needs `redis-server`).
 
@@ -454,6 +454,9 @@ async fn concurrent_appends_trims_and_estimates() {
 // Hostile stream contents (entries planted around the scripts by hand).
 // ------------------------------------------------------------------------------------------
 
+/// A stray entry's fields, by name.
+type Fields = Vec<(&'static str, &'static [u8])>;
+
 /// FINDING. A stray entry just past the head that does not parse (`n` = 2 over a blob of one
 /// event; an id `4-1`; a per-event entry missing `k`. An `n` = 0 stray is probed too and held:
 /// the contiguity check stops before it): the script never reads it (it ranges up to
@@ -472,7 +475,7 @@ async fn a_malformed_stray_entry_past_the_head_fails_the_plain_read_only() {
     let r = RedisServer::start(Persist::None).await;
     let s = Shared::connect(&r.url(), PREFIX).await.unwrap();
     let mut failures = Vec::new();
-    let strays: [(&str, Vec<(&str, &[u8])>); 4] = [
+    let strays: [(&str, Fields); 4] = [
         ("4-0", vec![("e", b"1"), ("n", b"2"), ("b", b"0 0 1\nx")]),
         ("4-0", vec![("e", b"1"), ("n", b"0"), ("b", b"")]),
         ("4-1", vec![("e", b"1"), ("n", b"1"), ("b", b"0 0 1\nx")]),

@@ -1424,8 +1424,9 @@ impl Shared {
     /// handles, the chunks it reads included): one `MULTI` with the record's fields, the entry at
     /// or before `after + 1` (the chunk that holds it, which may start before it) and the entries
     /// after that one, as many as `max` events are likely to need (from the events per entry of
-    /// the last read; at most 16); further pages up to `max` events, each only when it goes on
-    /// exactly where the entries before end. The reply has the script's shape. `None` when the
+    /// the last read; at most 16); further pages up to `max` events and the head. Only what holds
+    /// `after + 1` on without a hole up to the head is kept (see [`contiguous`]): nothing past the
+    /// head is parsed. The reply has the script's shape. `None` when the
     /// script must read it: a record of the earlier form (no `lo`), or entries that do not start
     /// at `after + 1` (a stream trimmed under the cursor: the script decides).
     async fn read_plain(
@@ -1470,17 +1471,14 @@ impl Shared {
         if replies.len() != if ranged { 3 } else { 1 } {
             return Err(bad("wrong number of replies"));
         }
-        let (mut entries, mut full) = if ranged {
+        let (mut entries, full) = if ranged {
             let Some(Value::Array(rest)) = replies.pop() else {
                 return Err(bad("a range is not an array"));
             };
-            let Some(Value::Array(prev)) = replies.pop() else {
+            let Some(Value::Array(mut entries)) = replies.pop() else {
                 return Err(bad("a range is not an array"));
             };
             let full = rest.len() == count;
-            // The entry before: only when it holds `after + 1` (else it ended before it).
-            let holds = |e: &Value| entry_span(e).is_some_and(|(first, n)| first + n > after + 1);
-            let mut entries: Vec<Value> = prev.into_iter().filter(holds).collect();
             entries.extend(rest);
             (entries, full)
         } else {
@@ -1505,64 +1503,47 @@ impl Shared {
                 .ok_or_else(|| bad("head")),
             _ => Err(bad("head")),
         }?;
-        if ranged && after < head {
-            // What was read must hold `after + 1` and go on without a hole (one snapshot, but an
-            // entry of another epoch's rewind or a stray one must not be read past).
-            let mut next = after + 1;
-            let mut kept = 0;
-            for e in &entries {
-                match entry_span(e) {
-                    Some((first, n))
-                        if (first == next || (kept == 0 && first < next)) && first + n > next =>
-                    {
-                        next = first + n;
-                        kept += 1;
-                    }
-                    _ => break,
-                }
-            }
+        if !ranged || after >= head {
+            // Nothing after the cursor up to the head: whatever the stream holds past the head
+            // (a write in flight, a stray entry) is not read, not even parsed.
+            entries.clear();
+        } else {
+            // One snapshot, but what is kept must hold `after + 1` (the entry before it is the
+            // chunk that holds it only when it reaches it) and go on without a hole up to the
+            // head: a stray entry, or one past the head, is never read past or parsed.
+            let (skip, kept, mut next) = contiguous(&entries, after + 1, head);
             if kept == 0 {
                 return Ok(None);
             }
-            if kept < entries.len() {
-                entries.truncate(kept);
-                full = false;
-            }
-            let events = next - (after + 1);
-            let per = (events as usize).div_ceil(kept).max(1);
+            let mut more = full && skip + kept == entries.len();
+            entries.truncate(skip + kept);
+            entries.drain(..skip);
+            let per = ((next - (after + 1)) as usize).div_ceil(kept).max(1);
             self.per_entry.store(per, Ordering::Relaxed);
-        }
-        // Up to `max` events, as the script pages: further pages while the last was full, each
-        // kept only while it goes on where the one before ended (retention trims the stream's
-        // old end between pages; what is kept is always contiguous, the caller cuts at the
-        // snapshot's head).
-        let held = |es: &[Value]| -> Option<(u64, u64)> {
-            let first = es.first().and_then(entry_span)?.0;
-            let last = es.last().and_then(entry_span)?;
-            Some((first, last.0 + last.1))
-        };
-        while full {
-            let Some((first, next)) = held(&entries) else {
-                break;
-            };
-            let got = next.saturating_sub(after.saturating_add(1).max(first));
-            if got >= max as u64 {
-                break;
+            // Up to `max` events, as the script pages: further pages (up to the head) while the
+            // last was full, each kept only as far as it goes on without a hole.
+            while more && next <= head {
+                let got = next - (after + 1);
+                if got >= max as u64 {
+                    break;
+                }
+                let want = (max - got as usize).div_ceil(per).clamp(1, 16);
+                let page: Vec<Value> = redis::cmd("XRANGE")
+                    .arg(&k.stream)
+                    .arg(format!("{next}-0"))
+                    .arg(format!("{head}-0"))
+                    .arg("COUNT")
+                    .arg(want)
+                    .query_async(&mut self.conn.clone())
+                    .await?;
+                let (skip, kept, to) = contiguous(&page, next, head);
+                more = page.len() == want && skip == 0 && kept == page.len();
+                if skip > 0 {
+                    break;
+                }
+                entries.extend(page.into_iter().take(kept));
+                next = to;
             }
-            let want = (max - got as usize).clamp(1, 16);
-            let page: Vec<Value> = redis::cmd("XRANGE")
-                .arg(&k.stream)
-                .arg(format!("({}", entry_id(entries.last()).unwrap_or_default()))
-                .arg("+")
-                .arg("COUNT")
-                .arg(want)
-                .query_async(&mut self.conn.clone())
-                .await?;
-            full = page.len() == want;
-            if page.first().and_then(entry_span).map(|s| s.0) != Some(next) {
-                break;
-            }
-            entries.extend(page);
         }
         let mut items: Vec<Value> = fields
             .into_iter()
@@ -1604,7 +1585,11 @@ fn entry_id(e: Option<&Value>) -> Option<String> {
 /// per-event form).
 fn entry_span(e: &Value) -> Option<(u64, u64)> {
     let Value::Array(parts) = e else { return None };
-    let first = entry_id(Some(e))?.split('-').next()?.parse().ok()?;
+    let id = entry_id(Some(e))?;
+    let first = match id.split_once('-')? {
+        (seq, "0") => seq.parse().ok()?,
+        _ => return None,
+    };
     let n = match parts.get(1) {
         Some(Value::Array(f)) => f
             .chunks(2)
@@ -1617,6 +1602,35 @@ fn entry_span(e: &Value) -> Option<(u64, u64)> {
         _ => return None,
     };
     Some((first, n))
+}
+
+/// Of `entries` (stream order), how many lead in ending before `from` (at most one, the entry
+/// before the chunk that holds `from`: it is skipped), then how many follow that hold `from` on
+/// without a hole, each starting at or before `head`, and the seq after the last of those.
+/// Entries of any other form end the run (a stray id, a missing or absurd count).
+fn contiguous(entries: &[Value], from: u64, head: u64) -> (usize, usize, u64) {
+    let mut skip = 0;
+    let mut next = from;
+    let mut kept = 0;
+    for e in entries {
+        let Some((first, n)) = entry_span(e) else {
+            break;
+        };
+        let Some(end) = first.checked_add(n).filter(|_| n > 0) else {
+            break;
+        };
+        if kept == 0 && end <= from && skip == 0 && first < from {
+            skip = 1;
+            continue;
+        }
+        let starts_right = first == next || (kept == 0 && first < next);
+        if !starts_right || end <= next || first > head {
+            break;
+        }
+        next = end;
+        kept += 1;
+    }
+    (skip, kept, next)
 }
 
 /// Whether a watched turn may write `a` (see [`Shared::append_watched`]): the record as the
