@@ -1416,7 +1416,16 @@ impl Shared {
         // The entries may start before `after` and hold more than `max` (whole chunks).
         let head = rec.ranges.head;
         evs.retain(|e| e.seq > after && e.seq <= head);
-        evs.truncate(max.max(1));
+        // Consecutive seqs only: a stream that entries written around the proxy made overlap or
+        // hole (the script reads whatever lies between the cursor and the head) is cut where it
+        // stops being consecutive; the reader that reads on from there finds an event that is not
+        // the one after its cursor, and ends its stream on the gap (never a silent one).
+        let run = evs
+            .iter()
+            .zip(evs.first().map_or(0, |e| e.seq)..)
+            .take_while(|(e, want)| e.seq == *want)
+            .count();
+        evs.truncate(run.min(max.max(1)));
         Ok(Some((rec, evs)))
     }
 
