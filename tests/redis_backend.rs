@@ -1237,3 +1237,45 @@ async fn redis_round_trips_and_the_doorbell_connection_are_exported() {
     redis.restart().await;
     until_metric(&a, doorbell, 1.0).await;
 }
+
+/// Redis SIGKILLed and restarted (AOF `always`) while a call streams its progress, well within
+/// the lease: the owner's appends stall and are sent again with the same expected head and batch
+/// token once Redis is back (one that landed before the kill reads as landed), so the call goes
+/// on: every event exactly once, in order, and its answer, on the stream and on a resume from
+/// Redis alone on another replica. Before, the first append that met the dead Redis ended the
+/// session (`store_error`: a -32091 and the end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_shorter_than_the_lease_stalls_a_call_and_loses_nothing() {
+    let mut redis = RedisServer::start(Persist::AofAlways).await;
+    let up = fastmcp().await;
+    let a = proxy(&up, &redis, "pod-a").await;
+    let (mut c, _) = Client::init(a.addr(), "2025-11-25").await;
+    let (id, mut s) = c.call("tick", tick(30, 60), "T").await;
+    let first = s
+        .until(|e| !e.is_priming() && e.describe() == "progress 5")
+        .await;
+    let cursor = first
+        .iter()
+        .find(|e| e.describe() == "progress 1")
+        .and_then(|e| e.id.clone())
+        .unwrap();
+    redis.restart().await;
+    let rest = s.rest().await;
+    let mut got = desc(&first);
+    got.extend(desc(&rest));
+    let mut want = progress(1, 30);
+    want.push(format!("response {id}"));
+    assert_eq!(got, want, "every event once, in order, and the answer");
+    assert!(a.metric("mcp_resume_store_errors_total").await >= 1.0);
+    assert_eq!(a.metric("mcp_resume_fenced_total").await, 0.0);
+
+    // Another replica serves the same history from Redis alone.
+    let b = proxy(&up, &redis, "pod-b").await;
+    let r = c.at(b.addr()).get(Some(&cursor)).await;
+    assert_eq!(r.status, 200);
+    let mut s = r.sse();
+    let again = s.until(|e| e.describe() == format!("response {id}")).await;
+    assert_eq!(desc(&again), want[1..].to_vec());
+    a.stop().await;
+    b.stop().await;
+}

@@ -84,6 +84,30 @@ pub enum SharedError {
     Reply(String),
 }
 
+impl SharedError {
+    /// Whether asking again may get an answer: the connection failed or timed out, or the server
+    /// is loading its data, or a Cluster is between states. A script's own error, or a reply of
+    /// the wrong shape, is not.
+    pub fn transient(&self) -> bool {
+        use redis::{ErrorKind, ServerErrorKind as S};
+        match self {
+            SharedError::Redis(e) => {
+                e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal()
+                    || matches!(
+                        e.kind(),
+                        ErrorKind::Server(
+                            S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown
+                        )
+                    )
+            }
+            SharedError::Reply(_) => false,
+        }
+    }
+}
+
 /// The result of a fenced write.
 pub type Written<T> = Result<Result<T, Refused>, SharedError>;
 

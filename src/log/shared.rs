@@ -16,9 +16,11 @@
 //! then read the record's history (another replica's takeover: every event, the -32091s and the
 //! end), or end when the record is gone (resumes get 404).
 //!
-//! **Unknown outcomes.** A script whose reply is lost (Redis unreachable) may or may not have
-//! run: the session takes no more appends (its producers are told, as for a failed disk write),
-//! and its end is retried until Redis answers. The batch token of the last write tells the
+//! **Unknown outcomes.** A write whose reply is lost (Redis unreachable) may or may not have
+//! run. An append is first sent again, same head and batch token, until Redis answers or most of
+//! the lease has passed ([`settle`]): a Redis restart stalls the session rather than ending it.
+//! If Redis stays away, the session takes no more appends (its producers are told, as for a
+//! failed disk write), and its end is retried until Redis answers. The batch token of the last write tells the
 //! retry whether the lost write landed: if it did, the end goes after it and readers read the
 //! landed events from Redis; never under the same ids again.
 //!
@@ -536,13 +538,18 @@ pub(crate) async fn run(store: Arc<Store>, sh: Arc<SharedLog>, mut rx: mpsc::Rec
             tokens += steps.len() as u64 + 1;
             work.push((id, steps, base));
         }
+        // An append whose outcome is unknown (Redis restarting, a connection cut) is settled
+        // by sending it again until this instant: well before the lease lapses.
+        let settle_by = renewed + sh.lease * 3 / 4;
         let mut firsts = first_appends(&store, &sh, &work).await.into_iter();
         let mut jobs = tokio::task::JoinSet::new();
         for (id, steps, base) in work {
             let w = written.remove(&id).unwrap_or_default();
             let first = firsts.next().flatten();
             let (store, sh) = (store.clone(), sh.clone());
-            jobs.spawn(async move { run_session(&store, &sh, id, steps, w, base, first).await });
+            jobs.spawn(async move {
+                run_session(&store, &sh, id, steps, w, base, first, settle_by).await
+            });
         }
         while let Some(r) = jobs.join_next().await {
             if let Ok((id, w, ends)) = r {
@@ -777,6 +784,8 @@ async fn first_appends(
 
 /// Runs one session's steps of a turn, in order; returns its state and the ends still owed.
 /// `first`: the outcome of its first step, an append already written with the turn's others.
+/// `settle_by`: until when an append whose outcome is unknown is sent again (see [`settle`]).
+#[allow(clippy::too_many_arguments)]
 async fn run_session(
     store: &Store,
     sh: &SharedLog,
@@ -785,6 +794,7 @@ async fn run_session(
     mut w: Written,
     base: u64,
     mut first: Option<Written1>,
+    settle_by: tokio::time::Instant,
 ) -> (SessionId, Written, Vec<PendingEnd>) {
     let mut owed = Vec::new();
     for (n, step) in steps.into_iter().enumerate() {
@@ -839,6 +849,10 @@ async fn run_session(
                         (head, epoch, r)
                     }
                 };
+                let r = match r {
+                    Err(e) => settle(store, sh, &log, head, &batch, &evs, e, settle_by).await,
+                    done => done,
+                };
                 match r {
                     Ok(Ok(new_head)) if new_head == head + evs.len() as u64 => {
                         let published = events(&evs, head + 1, epoch);
@@ -858,8 +872,7 @@ async fn run_session(
                         fail(StoreError::Fenced, acks);
                     }
                     Err(e) => {
-                        tracing::error!(session = %log.tag, error = %e, "an append to the shared log has an unknown outcome; the session takes no more appends");
-                        store.metrics.store_errors.inc();
+                        tracing::error!(session = %log.tag, error = %e, "an append to the shared log has an unknown outcome that Redis did not settle in time; the session takes no more appends");
                         w.unknown = Some(batch);
                         w.in_unknown = answers(&evs);
                         lost(store, &log);
@@ -931,6 +944,64 @@ async fn run_session(
         }
     }
     (id, w, owed)
+}
+
+/// An append whose outcome is unknown because Redis was out of reach or loading (its reply was
+/// lost, or it was never run: [`SharedError::transient`]; a script's own error is not retried),
+/// sent again with the same expected head and batch token every [`RETRY`]
+/// until Redis answers or `settle_by` passes. The fence makes the resend a compare-and-append:
+/// it runs only if the first did not land; if the first did, the refusal names this batch's
+/// token at exactly the head it set, which is read as that write's success. Anything else
+/// (fenced, ended, another head) is the answer as it stands. So a Redis restart shorter than
+/// most of the lease stalls the session's appends and loses nothing, rather than ending it;
+/// past `settle_by` the last error stands (the session ends as an unknown outcome).
+#[allow(clippy::too_many_arguments)]
+async fn settle(
+    store: &Store,
+    sh: &SharedLog,
+    log: &SessionLog,
+    head: u64,
+    batch: &str,
+    evs: &[NewEvent],
+    first: SharedError,
+    settle_by: tokio::time::Instant,
+) -> super::redis::Written<u64> {
+    store.metrics.store_errors.inc();
+    if !first.transient() {
+        return Err(first);
+    }
+    tracing::warn!(session = %log.tag, error = %first, "an append to the shared log has an unknown outcome; sending it again");
+    let mut last = first;
+    let want = head + evs.len() as u64;
+    while last.transient() && tokio::time::Instant::now() + RETRY < settle_by {
+        tokio::time::sleep(RETRY).await;
+        let r = sh
+            .shared
+            .append(
+                &log.id,
+                &sh.fence(log),
+                head,
+                batch,
+                evs,
+                Some(store.max_events),
+            )
+            .await;
+        match r {
+            Err(e) => last = e,
+            Ok(Err(Refused::Head {
+                head: theirs,
+                batch: b,
+            })) if theirs == want && b == batch => {
+                tracing::warn!(session = %log.tag, "an append whose reply was lost had landed");
+                return Ok(Ok(want));
+            }
+            answered => {
+                tracing::info!(session = %log.tag, "an append with an unknown outcome was settled");
+                return answered;
+            }
+        }
+    }
+    Err(last)
 }
 
 /// Writes an end (its answers, then the marker); `Err` when Redis must be asked again.
