@@ -5,7 +5,7 @@
 //! a relay that can cut the reply of the turn's transaction (the write lands, its reply is lost)
 //! and then keep A's resends from reaching Redis, either all of A's traffic or only the commands
 //! carrying the marked event (so A's reads and lease still work). Replica B talks to Redis
-//! directly. FINDING tests fail on 5eb8d98; PROBE tests held.
+//! directly. FINDING tests failed on 5eb8d98 (fixed since: `refresh` answers `Unavailable`, a 503, for a record this replica owns at its epoch whose head is past its own); PROBE tests held.
 //!
 //! Run: `cargo test --test adversary_settle` (needs `redis-server`).
 
@@ -357,6 +357,9 @@ async fn the_owner_refuses_the_cursor_of_a_landed_event_another_replica_served_w
     );
     let mut checked = check_resume(&cursor, &sl.ranges(), false);
     let mut refreshed = None;
+    // `refresh` answering `Unavailable` is what `facade::resume` turns into a 503 (retry): the
+    // fix, since the record owned by A at its epoch is past A's head (A's own landed write).
+    let mut unavailable = false;
     if checked.is_err() && !sl.failed() {
         // A's reads share the connection the relay drops with each resend: ask until one passes.
         for _ in 0..20 {
@@ -365,22 +368,30 @@ async fn the_owner_refuses_the_cursor_of_a_landed_event_another_replica_served_w
                     refreshed = Some(m);
                     break;
                 }
+                Err(mcp_resume_proxy::error::Error::Store(
+                    mcp_resume_proxy::error::StoreError::Unavailable,
+                )) => {
+                    unavailable = true;
+                    break;
+                }
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }
-        checked = check_resume(&cursor, &sl.ranges(), false);
+        if !unavailable {
+            checked = check_resume(&cursor, &sl.ranges(), false);
+        }
     }
     let (failed, head, still) = (sl.failed(), sl.head(), !pending.is_finished());
     relay.heal();
     let (settled, took) = pending.await.unwrap();
     assert!(
-        failed || checked.is_ok(),
+        failed || unavailable || checked.is_ok(),
         "the owner refuses cursor (epoch 1, seq 4) of an event replica B has served from Redis: \
          {checked:?} (owner head {head}, not failed, refresh {refreshed:?}, still settling {still}; \
          a resume there is answered resume_gap/cursor_ahead); the append then settled as \
          {settled:?} after {took:?}"
     );
-    assert_ne!(checked, Err(Refusal::CursorAhead));
+    assert!(unavailable || checked != Err(Refusal::CursorAhead));
 }
 
 /// PROBE (held). A's append lands, its reply is cut, then Redis is out of A's reach; Redis is

@@ -247,6 +247,16 @@ impl SharedLog {
                 Ok(true)
             }
             Some((rec, _)) => {
+                if rec.fence.owner == self.owner
+                    && rec.ranges.current_epoch() == local.current_epoch()
+                    && rec.ended.is_none()
+                    && rec.ranges.head > local.head
+                {
+                    // Our own write landed and is not published here yet (its reply is on its
+                    // way, or the writer is settling an unknown outcome): a cursor past our head
+                    // may be one another replica served from Redis. Not a gap: ask again shortly.
+                    return Err(Error::Store(StoreError::Unavailable));
+                }
                 let moved = rec.ranges.current_epoch() != local.current_epoch()
                     || rec.ranges.head < local.head
                     || (rec.ended.is_some() && !sl.end_published());
