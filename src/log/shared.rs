@@ -985,17 +985,15 @@ async fn settle(
     let want = head + evs.len() as u64;
     while last.transient() && tokio::time::Instant::now() + RETRY < settle_by {
         tokio::time::sleep(RETRY).await;
-        let r = sh
+        // Bounded by `settle_by` too: a connection that keeps failing may hold one call for its
+        // own reconnect backoff, and the writer's lease must not lapse under it.
+        let fence = sh.fence(log);
+        let send = sh
             .shared
-            .append(
-                &log.id,
-                &sh.fence(log),
-                head,
-                batch,
-                evs,
-                Some(store.max_events),
-            )
-            .await;
+            .append(&log.id, &fence, head, batch, evs, Some(store.max_events));
+        let Ok(r) = tokio::time::timeout_at(settle_by, send).await else {
+            break;
+        };
         match r {
             Err(e) => last = e,
             Ok(Err(Refused::Head {
