@@ -581,26 +581,16 @@ async fn open_replica(
     dir: &std::path::Path,
     max_events: u64,
 ) -> std::sync::Arc<mcp_resume_proxy::log::Log> {
-    use mcp_resume_proxy::config::{Backend, LogConfig};
-    use mcp_resume_proxy::log::{Log, SharedSettings};
-    let mut cfg = LogConfig {
-        dir: dir.to_path_buf(),
-        max_events_per_session: max_events,
-        backend: Backend::Redis,
-        ..LogConfig::default()
-    };
-    cfg.redis.url = url.to_string();
-    cfg.redis.key_prefix = PREFIX.to_string();
-    let keys = mcp_resume_proxy::identity::Keyring::load_or_create(dir).unwrap();
-    let settings = SharedSettings {
-        replica_id: replica.to_string(),
-        retain_secs: 600,
+    support::redis::open_log(support::redis::LogOn {
+        url,
+        prefix: PREFIX,
+        replica,
+        dir,
+        max_events,
         lease_ms: 60_000,
-        advertise: String::new(),
-        keys: Some(keys),
-    };
-    let metrics = mcp_resume_proxy::metrics::Metrics::new();
-    Log::open_shared(&cfg, &settings, metrics).await.unwrap().0
+        durability: mcp_resume_proxy::config::Durability::Fsync,
+    })
+    .await
 }
 
 /// FINDING (fixed: `forget_window` moves `oldest` as the landed write trimmed it; since the

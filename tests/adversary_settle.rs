@@ -205,27 +205,16 @@ async fn open_replica_as(
     lease_ms: u64,
     durability: Durability,
 ) -> Arc<Log> {
-    use mcp_resume_proxy::config::{Backend, LogConfig};
-    use mcp_resume_proxy::log::SharedSettings;
-    let mut cfg = LogConfig {
-        dir: dir.to_path_buf(),
-        max_events_per_session: 10_000,
-        durability,
-        backend: Backend::Redis,
-        ..LogConfig::default()
-    };
-    cfg.redis.url = url.to_string();
-    cfg.redis.key_prefix = PREFIX.to_string();
-    let keys = mcp_resume_proxy::identity::Keyring::load_or_create(dir).unwrap();
-    let settings = SharedSettings {
-        replica_id: replica.to_string(),
-        retain_secs: 600,
+    support::redis::open_log(support::redis::LogOn {
+        url,
+        prefix: PREFIX,
+        replica,
+        dir,
+        max_events: 10_000,
         lease_ms,
-        advertise: String::new(),
-        keys: Some(keys),
-    };
-    let metrics = mcp_resume_proxy::metrics::Metrics::new();
-    Log::open_shared(&cfg, &settings, metrics).await.unwrap().0
+        durability,
+    })
+    .await
 }
 
 fn keys(id: &SessionId) -> [String; 3] {

@@ -1652,7 +1652,7 @@ fn contiguous(entries: &[Value], from: u64, head: u64) -> (usize, usize, u64) {
         let Some(end) = first.checked_add(n).filter(|_| n > 0) else {
             break;
         };
-        if kept == 0 && end <= from && skip == 0 && first < from {
+        if kept == 0 && skip == 0 && end <= from {
             skip = 1;
             continue;
         }

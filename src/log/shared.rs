@@ -20,9 +20,9 @@
 //! run. An append is first sent again, same head and batch token, until Redis answers or most of
 //! the lease has passed ([`settle`]): a Redis restart stalls the session rather than ending it.
 //! If Redis stays away, the session takes no more appends (its producers are told, as for a
-//! failed disk write), and its end is retried until Redis answers. The batch token of the last write tells the
-//! retry whether the lost write landed: if it did, the end goes after it and readers read the
-//! landed events from Redis; never under the same ids again.
+//! failed disk write), and its end is retried until Redis answers. The batch token of the last
+//! write tells the retry whether the lost write landed: if it did, the end goes after it and
+//! readers read the landed events from Redis; never under the same ids again.
 //!
 //! **Restart.** Sessions live under this replica's name (`cluster.replica_id`) in a per-replica
 //! set; the owner's fence carries the replica and a random incarnation. A start ends every live

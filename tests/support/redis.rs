@@ -206,3 +206,40 @@ impl RedisCluster {
         format!("redis://127.0.0.1:{}", self.ports[i])
     }
 }
+
+/// What [`open_log`] opens: a `Log` on Redis at `url`, as the proxy opens it for replica
+/// `replica` with its data dir (identity keys) at `dir`.
+pub struct LogOn<'a> {
+    pub url: &'a str,
+    pub prefix: &'a str,
+    pub replica: &'a str,
+    pub dir: &'a std::path::Path,
+    pub max_events: u64,
+    pub lease_ms: u64,
+    pub durability: mcp_resume_proxy::config::Durability,
+}
+
+/// Opens the shared log as [`LogOn`] says (`retain_secs` 600, no advertised address).
+pub async fn open_log(o: LogOn<'_>) -> std::sync::Arc<mcp_resume_proxy::log::Log> {
+    use mcp_resume_proxy::config::{Backend, LogConfig};
+    use mcp_resume_proxy::log::{Log, SharedSettings};
+    let mut cfg = LogConfig {
+        dir: o.dir.to_path_buf(),
+        max_events_per_session: o.max_events,
+        durability: o.durability,
+        backend: Backend::Redis,
+        ..LogConfig::default()
+    };
+    cfg.redis.url = o.url.to_string();
+    cfg.redis.key_prefix = o.prefix.to_string();
+    let keys = mcp_resume_proxy::identity::Keyring::load_or_create(o.dir).unwrap();
+    let settings = SharedSettings {
+        replica_id: o.replica.to_string(),
+        retain_secs: 600,
+        lease_ms: o.lease_ms,
+        advertise: String::new(),
+        keys: Some(keys),
+    };
+    let metrics = mcp_resume_proxy::metrics::Metrics::new();
+    Log::open_shared(&cfg, &settings, metrics).await.unwrap().0
+}
