@@ -5,6 +5,7 @@
 
 pub mod upstream;
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -58,7 +59,9 @@ impl Stream {
     }
 
     /// Next event as (event type, id, data).
-    async fn next(&mut self) -> Result<(Option<String>, Option<String>, String), String> {
+    async fn next(
+        &mut self,
+    ) -> Result<(Option<Cow<'static, str>>, Option<String>, String), String> {
         let fut = async {
             loop {
                 if let Some(ev) = self.dec.decode(&mut self.buf).map_err(|e| e.to_string())? {

@@ -18,6 +18,7 @@
 //! it too), so there is no EOF flush.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
+use std::borrow::Cow;
 use std::fmt;
 
 /// UTF-8 byte order mark, stripped once at the very start of a stream.
@@ -26,6 +27,10 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 /// Bytes of an oversized event's data kept at each end for error reporting.
 const SNIPPET: usize = 512;
 
+/// Event types the proxy compares against, returned as these statics: nearly every upstream
+/// event is `event: message`, and an owned copy of it was one heap allocation per event.
+const KNOWN_TYPES: [&str; 2] = ["message", "endpoint"];
+
 /// One dispatched SSE event.
 ///
 /// `data` may be a slice of the decoder's input buffer; holding it keeps that
@@ -33,7 +38,10 @@ const SNIPPET: usize = 512;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
     /// `event:` field; None when absent or empty (WHATWG default type "message").
-    pub event: Option<String>,
+    /// Borrowed for the types the proxy knows (`message`, `endpoint`), so the
+    /// common event allocates nothing for it; any other type is owned, as sent
+    /// (lossy UTF-8).
+    pub event: Option<Cow<'static, str>>,
     /// Data lines joined with '\n' (final newline removed). Zero-copy slice of
     /// the input when the event had exactly one `data:` line.
     pub data: Bytes,
@@ -174,7 +182,7 @@ pub struct Decoder {
     skip: Option<Skip>,
     /// Bytes of the current event's non-comment lines.
     event_len: usize,
-    event_type: Option<String>,
+    event_type: Option<Cow<'static, str>>,
     id: Option<String>,
     retry: Option<u64>,
     data: Option<Data>,
@@ -347,7 +355,7 @@ impl Decoder {
                     self.data = Some(Data::Many(m));
                 }
             },
-            Field::Event => self.event_type = Some(lossy(value)),
+            Field::Event => self.event_type = Some(event_type(value)),
             Field::Id => {
                 if !value.contains(&0) {
                     self.id = Some(lossy(value));
@@ -484,6 +492,15 @@ fn lossy(v: &[u8]) -> String {
     String::from_utf8_lossy(v).into_owned()
 }
 
+/// An `event:` value: one of [`KNOWN_TYPES`] when it is exactly that (borrowed), else its lossy
+/// UTF-8 text (owned; empty stays empty, dispatch turns it into `None`).
+fn event_type(v: &[u8]) -> Cow<'static, str> {
+    match KNOWN_TYPES.iter().find(|t| t.as_bytes() == v) {
+        Some(&t) => Cow::Borrowed(t),
+        None => Cow::Owned(lossy(v)),
+    }
+}
+
 /// Parses a non-empty all-ASCII-digit value; None otherwise or on overflow.
 fn parse_digits(v: &[u8]) -> Option<u64> {
     if v.is_empty() {
@@ -513,7 +530,7 @@ mod tests {
 
     fn ev(event: Option<&str>, data: &[u8], id: Option<&str>, retry: Option<u64>) -> Event {
         Event {
-            event: event.map(str::to_owned),
+            event: event.map(|e| Cow::Owned(e.to_owned())),
             data: Bytes::copy_from_slice(data),
             id: id.map(str::to_owned),
             retry,
@@ -679,6 +696,56 @@ mod tests {
                 data(b"d")
             ])
         );
+    }
+
+    #[test]
+    fn known_event_types_are_borrowed_others_exact() {
+        let types = |input: &[u8]| -> Vec<Option<Cow<'static, str>>> {
+            run(input)
+                .into_iter()
+                .map(|item| item.unwrap().event)
+                .collect()
+        };
+        let got = types(b"event: message\ndata: a\n\nevent:endpoint\ndata: b\n\n");
+        assert!(matches!(got[0], Some(Cow::Borrowed("message"))), "{got:?}");
+        assert!(matches!(got[1], Some(Cow::Borrowed("endpoint"))), "{got:?}");
+        // Near misses of a known type come through exactly as sent, owned.
+        let input = b"event: messages\ndata: a\n\nevent: Message\ndata: a\n\n\
+            event: messag\ndata: a\n\nevent:  message\ndata: a\n\nevent: mess\0age\ndata: a\n\n\
+            event: \xFFmessage\ndata: a\n\nevent: endpoint \ndata: a\n\n";
+        let want = [
+            "messages",
+            "Message",
+            "messag",
+            " message",
+            "mess\0age",
+            "\u{FFFD}message",
+            "endpoint ",
+        ];
+        let got = types(input);
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!(matches!(g, Some(Cow::Owned(s)) if s == w), "{g:?} vs {w:?}");
+        }
+        // Empty is None; a known type does not outlive its event; the last `event:` line wins.
+        let got = types(
+            b"event:\ndata: a\n\nevent: message\ndata: b\n\ndata: c\n\n\
+            event: message\nevent: x\ndata: d\n\nevent: x\nevent: endpoint\ndata: e\n\n",
+        );
+        assert_eq!(
+            got,
+            [
+                None,
+                Some(Cow::Borrowed("message")),
+                None,
+                Some(Cow::Borrowed("x")),
+                Some(Cow::Borrowed("endpoint"))
+            ]
+        );
+        assert!(matches!(got[4], Some(Cow::Borrowed(_))));
+        // A known type set before an event overflowed is dropped with it.
+        let (out, _) = run_chunks(&[b"event: message\ndata: 0123456789\n\ndata: ok\n\n"], 12);
+        assert_eq!(out[1], Ok(data(b"ok")));
     }
 
     #[test]
@@ -964,7 +1031,7 @@ mod tests {
                 return None;
             }
             Some(Ok(Event {
-                event: self.event.clone(),
+                event: self.event.clone().map(Cow::Owned),
                 data: Bytes::from(self.joined_data()),
                 id: self.id.clone(),
                 retry: self.retry,

@@ -317,7 +317,7 @@ mod tests {
             let ev = decode_one(&frame);
             let one_line = |s: &str| s.replace(['\r', '\n'], " ");
             prop_assert_eq!(ev, Event {
-                event: name.as_deref().map(one_line),
+                event: name.as_deref().map(one_line).map(Into::into),
                 data: Bytes::from(normalize(&data)),
                 id: id.as_deref().map(one_line),
                 retry: None,
