@@ -290,8 +290,10 @@ impl Answer {
 pub struct Peek {
     /// The `id`, as compact canonical JSON (`1`, `"abc"`), if any.
     pub id: Option<String>,
-    /// The `method`, if any (requests and notifications).
-    pub method: Option<String>,
+    /// The `method`, if any (requests and notifications). Borrowed for the methods of
+    /// [`KNOWN_METHODS`], so peeking the common message allocates nothing for it; any other
+    /// method is owned.
+    pub method: Option<Cow<'static, str>>,
     /// Has `result` or `error`: a response.
     pub is_response: bool,
     /// `params.progressToken` (progress notifications) or `params._meta.progressToken` (requests),
@@ -304,6 +306,50 @@ impl Peek {
     pub fn is_request(&self) -> bool {
         self.id.is_some() && self.method.is_some()
     }
+}
+
+/// The MCP methods [`Peek::method`] holds as `&'static str` instead of an owned copy: every
+/// upstream event is peeked, and nearly all of them are `notifications/message`. Matched by exact
+/// equality; what the upstream sends comes first (a miss costs about a length compare per entry).
+pub const KNOWN_METHODS: [&str; 31] = [
+    // Server to client.
+    "notifications/message",
+    "notifications/progress",
+    "notifications/cancelled",
+    "notifications/resources/updated",
+    "notifications/resources/list_changed",
+    "notifications/tools/list_changed",
+    "notifications/prompts/list_changed",
+    "notifications/tasks/status",
+    "notifications/elicitation/complete",
+    "ping",
+    "sampling/createMessage",
+    "elicitation/create",
+    "roots/list",
+    // Client to server.
+    "initialize",
+    "notifications/initialized",
+    "notifications/roots/list_changed",
+    "tools/call",
+    "tools/list",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
+    "prompts/list",
+    "prompts/get",
+    "completion/complete",
+    "logging/setLevel",
+    "tasks/get",
+    "tasks/list",
+    "tasks/cancel",
+    "tasks/result",
+];
+
+/// The static of [`KNOWN_METHODS`] that equals `method` exactly.
+fn known_method(method: &str) -> Option<&'static str> {
+    KNOWN_METHODS.iter().copied().find(|&k| k == method)
 }
 
 #[derive(Deserialize)]
@@ -420,7 +466,9 @@ fn peek_fast(bytes: &[u8]) -> Option<Peek> {
     };
     Some(Peek {
         id,
-        method: msg.method.map(str::to_owned),
+        method: msg
+            .method
+            .map(|m| known_method(m).map_or_else(|| Cow::Owned(m.to_owned()), Cow::Borrowed)),
         is_response: msg.is_response,
         progress_token,
     })
@@ -477,7 +525,10 @@ pub fn peek_serde(bytes: &[u8]) -> Option<Peek> {
         });
     Some(Peek {
         id,
-        method: msg.method,
+        // Unescaped by serde, so `"notifications\/message"` is the known method too.
+        method: msg
+            .method
+            .map(|m| known_method(&m).map_or(Cow::Owned(m), Cow::Borrowed)),
         is_response: msg.result.is_some() || msg.error.is_some(),
         progress_token,
     })
@@ -612,6 +663,63 @@ mod tests {
         assert_eq!(p.progress_token, None);
         assert!(peek(b"{not json").is_none());
         assert!(peek(b"[1,2]").is_none());
+    }
+
+    #[test]
+    fn known_methods_are_borrowed_others_exact() {
+        let method = |bytes: &[u8]| {
+            let (fast, serde) = (peek_fast(bytes), peek_serde(bytes));
+            assert!(fast.is_none() || fast == serde, "{fast:?} vs {serde:?}");
+            (fast.and_then(|p| p.method), serde.and_then(|p| p.method))
+        };
+        for k in KNOWN_METHODS {
+            for (i, body) in [
+                format!(r#"{{"jsonrpc":"2.0","method":"{k}","params":{{}}}}"#),
+                format!(r#"{{"jsonrpc":"2.0","id":1,"method":"{k}"}}"#),
+                // Escaped (when it has a '/'): the scanner leaves it to serde, which unescapes it.
+                format!(r#"{{"method":"{}"}}"#, k.replace('/', "\\/")),
+            ]
+            .iter()
+            .enumerate()
+            {
+                let (fast, serde) = method(body.as_bytes());
+                assert!(
+                    matches!(serde, Some(Cow::Borrowed(m)) if m == k),
+                    "{serde:?}"
+                );
+                match fast {
+                    None if i == 2 => {}
+                    Some(Cow::Borrowed(m)) if m == k => {}
+                    fast => panic!("{body}: {fast:?}"),
+                }
+            }
+        }
+        assert_eq!(KNOWN_METHODS[0], "notifications/message");
+        // Anything else comes through exactly as sent, owned: near misses of a known method too.
+        for m in [
+            "x",
+            "",
+            "notifications/messages",
+            "notifications/messag",
+            "Notifications/message",
+            "notifications/message ",
+            " ping",
+            "tools/call\u{e9}",
+        ] {
+            let body = format!(r#"{{"id":"a","method":{}}}"#, serde_json::json!(m));
+            for got in <[_; 2]>::from(method(body.as_bytes())) {
+                assert!(
+                    matches!(&got, Some(Cow::Owned(s)) if s == m),
+                    "{m:?}: {got:?}"
+                );
+            }
+        }
+        // Escaped into an unknown method: serde's owned text, kept.
+        let (_, serde) = method(br#"{"method":"notifications\/message\/x"}"#);
+        assert!(matches!(serde, Some(Cow::Owned(s)) if s == "notifications/message/x"));
+        // No method, and a null method: None either way.
+        assert_eq!(method(br#"{"id":1,"result":{}}"#), (None, None));
+        assert_eq!(method(br#"{"method":null}"#), (None, None));
     }
 
     #[test]

@@ -40,7 +40,7 @@ fn slow(input: &[u8]) -> Option<Peek> {
 fn p(id: Option<&str>, method: Option<&str>, is_response: bool, token: Option<&str>) -> Peek {
     Peek {
         id: id.map(str::to_owned),
-        method: method.map(str::to_owned),
+        method: method.map(|m| m.to_owned().into()),
         is_response,
         progress_token: token.map(str::to_owned),
     }
