@@ -148,7 +148,7 @@ fn reference(input: &[u8], cap: usize) -> (Vec<Item>, u64) {
             }
             if let Some(d) = d {
                 out.push(Ok(Event {
-                    event: e.filter(|t| !t.is_empty()),
+                    event: e.filter(|t| !t.is_empty()).map(Into::into),
                     data: Bytes::from(d),
                     id: i,
                     retry: r,
