@@ -531,6 +531,13 @@ impl Session {
                 reg.end(&self, EndReason::StoreError).await;
                 return;
             }
+            drop(_gate);
+            // A read of a flooding upstream yields a hundred events or more, and the pump would
+            // loop until its budget ran out: the session's client streams then trailed the head
+            // by more than the page cache keeps (src/log/pagecache.rs) and read their events
+            // back from the disk. Letting the other tasks run after each batch keeps them near
+            // the head (docs/benchmarks.md round 8); the upstream is still read at once.
+            tokio::task::yield_now().await;
         };
         reg.metrics.upstream_error(why);
         tracing::warn!(session = %self.log.tag, cause = why, "upstream session lost");
