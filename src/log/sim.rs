@@ -2317,6 +2317,55 @@ mod tests {
         });
     }
 
+    /// With `relaxed`, the writer syncs once `SYNC_EVERY` bytes are unsynced, so that the
+    /// page-cache trim finds clean pages to drop (docs/benchmarks.md round 8); between those syncs
+    /// it still does not sync. Fails if the periodic sync goes (pending grows to the whole log)
+    /// or if relaxed turns sync each time (pending never reaches the bound).
+    #[test]
+    fn relaxed_syncs_once_a_trim_step_is_unsynced_and_not_before() {
+        rt().block_on(async {
+            let mut sim = manual(Durability::Relaxed);
+            sim.start().await;
+            let a = sim.create().unwrap();
+            sim.turn().await;
+            sim.register(a);
+            sim.turn().await;
+            let active = sim
+                .fs
+                .list()
+                .unwrap()
+                .into_iter()
+                .filter(|n| n.ends_with(".seg"))
+                .max()
+                .unwrap();
+            let every = super::super::pagecache::SYNC_EVERY as usize;
+            let event = 64 << 10;
+            let (mut most, mut syncs, mut before) = (0, 0, 0);
+            for i in 0..(3 * every / event) {
+                send(&mut sim, a, &format!("a-{i}-{}", "x".repeat(event)));
+                sim.turn().await;
+                let pending = sim.fs.pending(&active);
+                if pending < before {
+                    syncs += 1;
+                }
+                (most, before) = (most.max(pending), pending);
+            }
+            // `pending` counts writes not yet synced: one per turn here, each a little over
+            // `event` bytes.
+            let step = every / event;
+            assert!(syncs >= 2, "{syncs} periodic syncs over three steps");
+            assert!(
+                most + 1 >= step,
+                "relaxed turns sync only at the step: at most {most} writes pending"
+            );
+            assert!(
+                most <= step + 1,
+                "{most} writes of {event} bytes left unsynced, the step is {every} bytes"
+            );
+            assert_eq!(sim.rep.violations, Vec::<String>::new());
+        });
+    }
+
     /// Finding: "relaxed mode: a task's outcome flips" — its final record was never synced:
     /// `completed`, then `failed -32091` after a power loss. Ends are durable in both modes.
     #[test]

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::event::{unix_now, Event, Kind, StreamTag};
 use super::image::{resync_from_start as resync, Image, Loc};
-use super::pagecache::PageTrim;
+use super::pagecache::{self, PageTrim};
 use super::record::{self, ChunkBuilder, Type};
 use super::segment::{self, Segment};
 use super::store::{Ack, Chunk, Health, Interrupted, Op, Recovery, SessionLog, Store};
@@ -957,7 +957,14 @@ impl Writer {
             self.plan_op(&mut t, op);
         }
         ops.append(&mut held);
-        let must_sync = t.sync || self.store.durability == Durability::Fsync;
+        // With `relaxed`, a turn also syncs once `SYNC_EVERY` bytes are written unsynced, so that
+        // the page-cache trim finds the pages it drops clean. Unsynced, they were still dirty or
+        // under write-back when advised, the kernel kept them, and every new write took a fresh
+        // page: `copy_folio_from_iter_atomic` was 17 % of the proxy with `relaxed` against 2 %
+        // with `fsync` (docs/benchmarks.md round 8). A failure is a sync failure like any other.
+        let must_sync = t.sync
+            || self.store.durability == Durability::Fsync
+            || (self.dirty && self.active_len - self.synced_len >= pagecache::SYNC_EVERY);
         if t.is_empty() && !(t.sync && self.dirty) {
             self.spare = std::mem::take(&mut t.spare);
             self.last_written = 0;
