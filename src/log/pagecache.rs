@@ -10,10 +10,13 @@
 //! them (`posix_fadvise` `DONTNEED`, see [`super::io::SegFile::drop_cache`]): the pages go back
 //! and the next appends reuse them. Readers far behind the head read those bytes from the disk.
 //!
-//! The advice never changes a byte of the file. A page still dirty (`relaxed`, where the kernel
-//! writes back in its own time) is not dropped but has its write-back started, so every range is
-//! advised twice: half a window behind the head, and a window behind, when that write-back has
-//! had the time to end. With `fsync` the pages are clean, and go at the first.
+//! The advice never changes a byte of the file. A page still dirty is not dropped but has its
+//! write-back started, so every range is advised twice: half a window behind the head, and a
+//! window behind. That second advice was not enough with `relaxed`, where the kernel writes back
+//! in its own time: under a flood most pages were still dirty or under write-back, stayed, and
+//! every new write took a fresh page (docs/benchmarks.md round 8). So a `relaxed` writer also
+//! syncs once [`SYNC_EVERY`] bytes are unsynced, and with either mode the pages are clean by the
+//! first advice.
 
 use std::sync::{Arc, Weak};
 
