@@ -26,7 +26,7 @@ use super::segment::Segment;
 /// Bytes half a window behind the head are advised a first time (clean pages go, dirty ones have
 /// their write-back started), a window behind a second time (what was dirty is clean by then).
 pub(super) const WINDOW: u64 = 32 << 20;
-/// Unsynced bytes after which a `relaxed` writer syncs (`Writer::sync_for_trim`): a quarter of the
+/// Unsynced bytes after which a `relaxed` writer syncs (in `Writer::turn`): a quarter of the
 /// window, so that what is half a window behind the head, where it is first advised, is clean.
 pub(super) const SYNC_EVERY: u64 = WINDOW / 4;
 /// Page size the ranges are aligned to (a partial page stays).

@@ -964,7 +964,8 @@ impl Writer {
         // with `fsync` (docs/benchmarks.md round 8). A failure is a sync failure like any other.
         let must_sync = t.sync
             || self.store.durability == Durability::Fsync
-            || (self.dirty && self.active_len - self.synced_len >= pagecache::SYNC_EVERY);
+            || (self.dirty
+                && self.active_len.saturating_sub(self.synced_len) >= pagecache::SYNC_EVERY);
         if t.is_empty() && !(t.sync && self.dirty) {
             self.spare = std::mem::take(&mut t.spare);
             self.last_written = 0;
