@@ -659,6 +659,9 @@ pub(crate) struct Store {
     pub(super) seg_size: u64,
     /// Payload bytes one writer turn takes at most (but at least one op).
     pub(super) turn_bytes: usize,
+    /// With `relaxed`, unsynced bytes after which a turn syncs ([`super::pagecache::SYNC_EVERY`];
+    /// the simulator scales it down to its small segments).
+    pub(super) sync_every: u64,
     /// Bytes of the reserve file a degraded log gives up to write the records it owes.
     pub(super) reserve_bytes: usize,
     /// Bytes compaction reads per turn at least.
@@ -733,6 +736,7 @@ impl Store {
             max_total: cfg.max_total_bytes,
             seg_size: segment_size(cfg.max_total_bytes),
             turn_bytes,
+            sync_every: super::pagecache::SYNC_EVERY,
             reserve_bytes: (cfg.max_total_bytes / 64).clamp(64 << 10, 1 << 20) as usize,
             compact_slice: COMPACT_SLICE,
             metrics,

@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::event::{unix_now, Event, Kind, StreamTag};
 use super::image::{resync_from_start as resync, Image, Loc};
-use super::pagecache::{self, PageTrim};
+use super::pagecache::PageTrim;
 use super::record::{self, ChunkBuilder, Type};
 use super::segment::{self, Segment};
 use super::store::{Ack, Chunk, Health, Interrupted, Op, Recovery, SessionLog, Store};
@@ -965,7 +965,7 @@ impl Writer {
         let must_sync = t.sync
             || self.store.durability == Durability::Fsync
             || (self.dirty
-                && self.active_len.saturating_sub(self.synced_len) >= pagecache::SYNC_EVERY);
+                && self.active_len.saturating_sub(self.synced_len) >= self.store.sync_every);
         if t.is_empty() && !(t.sync && self.dirty) {
             self.spare = std::mem::take(&mut t.spare);
             self.last_written = 0;
