@@ -3670,13 +3670,12 @@ mod tests {
                     2 * per_step + 2,
                     3 * per_step + 1,
                 ] {
-                    let (mut sim, a) = adv_relaxed().await;
+                    let (mut sim, _) = adv_relaxed().await;
                     sim.seg_size = seg;
                     // The store took the size at start: restart cleanly to apply it.
                     sim.clean_restart().await;
                     let a2 = sim.create().unwrap();
                     sim.turn().await;
-                    let _ = a;
                     let synced = adv_flood(&mut sim, a2, 0, stop).await.unwrap_or(0);
                     let segs = sim
                         .fs
