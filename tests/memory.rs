@@ -421,7 +421,7 @@ impl Drop for SlowDisk {
     }
 }
 
-/// The log writer's channel is bounded in bytes (`QUEUE_BYTES`, 64 MiB, src/log/store.rs): when
+/// The log writer's channel is bounded in bytes (`QUEUE_BYTES`, 8 MiB, src/log/store.rs): when
 /// the disk is slower than the upstream, the upstream session's pump waits in `Log::reserve`,
 /// and through it the upstream, instead of the proxy's memory holding the difference.
 ///
@@ -431,8 +431,8 @@ impl Drop for SlowDisk {
 /// as it can; the session's client reads nothing. For 12 s the proxy binary's peak RSS
 /// (`VmHWM`) must stay within:
 ///
-/// - `QUEUE_BYTES` (64 MiB): the events waiting in the writer's channel;
-/// - 2 × 8 MiB: the turn the writer holds (`turn_bytes`, at most 8 MiB; its events and their
+/// - `QUEUE_BYTES` (8 MiB): the events waiting in the writer's channel;
+/// - 2 × 2 MiB: the turn the writer holds (`turn_bytes`, at most 2 MiB; its events and their
 ///   encoded records) while it waits for the device;
 /// - 512 KiB: the session's window of recent events (`WINDOW_BYTES`), 4 MiB: the events of the
 ///   upstream read being queued (one pump batch, at most `upstream.max_event_bytes` per event
@@ -440,17 +440,18 @@ impl Drop for SlowDisk {
 /// - a constant of 48 MiB ([`SLACK`], as above: runtime, hyper buffers, allocator arenas that
 ///   keep freed chunks).
 ///
-/// Measured here (debug build, 2 cores): base 19 MiB; RSS 111 MiB from the first second on, 119
-/// MiB from the 9th (the writer took its next turn), so a peak of base + 100 MiB against a bound
-/// of base + 132 MiB; 33 events (8.25 MiB, one turn) reached the disk in 12 s. With `QUEUE_BYTES`
+/// Measured here (debug build, 2 cores): base 23 MiB; RSS 38 MiB from the first second on, 45 MiB
+/// from the 9th, so a peak of base + 21 MiB against a bound of base + 64 MiB; 41 events (10.25
+/// MiB) reached the disk in 12 s. (With the 64 MiB channel and 8 MiB turns of before round 9 of
+/// docs/benchmarks.md: a peak of base + 100 MiB against base + 132 MiB.) With `QUEUE_BYTES`
 /// raised to 2 GiB (only the writer's 4096-op channel left as a bound: 4096 × 256 KiB) the same
 /// run grew by ~95 MiB every second to 1056 MiB and this test failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rss_stays_flat_when_the_disk_is_slower_than_the_upstream() {
     use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
     use serde_json::json;
-    const QUEUE_BYTES: u64 = 64 << 20;
-    const TURN_BYTES: u64 = 8 << 20;
+    const QUEUE_BYTES: u64 = 8 << 20;
+    const TURN_BYTES: u64 = 2 << 20;
     const SIZE: u64 = 256 << 10;
     const BPS: u64 = 1 << 20;
     let bound = QUEUE_BYTES + 2 * TURN_BYTES + (512 << 10) + (4 << 20) + SLACK;

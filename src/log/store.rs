@@ -27,7 +27,17 @@ pub(super) const WINDOW_EVENTS: usize = 128;
 pub(super) const WINDOW_BYTES: usize = 512 * 1024;
 /// Payload bytes that may wait in the writer's channel: producers wait beyond it (an event larger
 /// than this waits until the channel is empty, then goes alone).
-pub(super) const QUEUE_BYTES: usize = 64 << 20;
+///
+/// Four of the writer's turns ([`TURN_BYTES_MAX`]): enough to keep it busy, and no more, because
+/// every byte held here is memory a flood touches. At 64 MiB (and 8 MiB turns) a 16-session
+/// burst peaked at 105–190 MiB of anonymous memory, and on a VM that hands free memory back to
+/// its host each new page costs a host fault: the proxy spent a quarter of its CPU in page faults
+/// and in copying into fresh pages (docs/benchmarks.md round 9).
+pub(super) const QUEUE_BYTES: usize = 8 << 20;
+/// Payload bytes one writer turn takes at most (less with a small `log.max_total_bytes`): the
+/// turn's chunks and its encoding are built in memory, and buffers this size are reused from turn
+/// to turn rather than allocated afresh.
+pub(super) const TURN_BYTES_MAX: usize = 2 << 20;
 
 /// Whether the log takes writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -726,7 +736,7 @@ impl Store {
         failures: mpsc::UnboundedSender<SessionId>,
     ) -> Self {
         let (health, _) = watch::channel(Health::Ok);
-        let turn_bytes = (cfg.max_total_bytes / 8).clamp(256 << 10, 8 << 20) as usize;
+        let turn_bytes = (cfg.max_total_bytes / 8).clamp(256 << 10, TURN_BYTES_MAX as u64) as usize;
         metrics.log_max_bytes.set(cfg.max_total_bytes as i64);
         Store {
             fs,
