@@ -523,12 +523,7 @@ impl Log {
     ///
     /// # Errors
     /// [`Error::Store`] when a segment cannot be read or holds something else than expected.
-    pub async fn read_after(
-        &self,
-        sl: &SessionLog,
-        after: u64,
-        max: usize,
-    ) -> Result<Vec<Arc<Event>>> {
+    pub async fn read_after(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Event>> {
         match &self.shared {
             Some((sh, _, _)) => shared::read_after(sh, sl, after, max).await,
             None => read_after(sl, after, max),
@@ -541,7 +536,7 @@ impl Log {
     ///
     /// # Errors
     /// [`Error::Store`] when a segment cannot be read.
-    pub fn read_held(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
+    pub fn read_held(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Event>> {
         match &self.shared {
             Some(_) => Ok(store::window_read(sl, after, max).unwrap_or_default()),
             None => read_after(sl, after, max),
@@ -552,7 +547,7 @@ impl Log {
     ///
     /// # Errors
     /// [`Error::Store`] when a segment cannot be read.
-    pub async fn event_at(&self, sl: &SessionLog, seq: u64) -> Result<Option<Arc<Event>>> {
+    pub async fn event_at(&self, sl: &SessionLog, seq: u64) -> Result<Option<Event>> {
         if seq == 0 {
             return Ok(None);
         }

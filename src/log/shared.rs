@@ -346,7 +346,7 @@ pub(crate) async fn read_after(
     sl: &SessionLog,
     after: u64,
     max: usize,
-) -> Result<Vec<Arc<Event>>> {
+) -> Result<Vec<Event>> {
     if let Some(evs) = window_read(sl, after, max) {
         return Ok(evs);
     }
@@ -357,7 +357,6 @@ pub(crate) async fn read_after(
                 .into_iter()
                 .filter(|e| e.seq > after && e.seq <= head)
                 .take(max)
-                .map(Arc::new)
                 .collect())
         }
         Ok(None) => {
@@ -703,17 +702,15 @@ fn reject(op: Op, e: StoreError) {
 }
 
 /// The events of a write, with their seqs and epoch, as readers will see them.
-fn events(evs: &[NewEvent], first: u64, epoch: u32) -> Vec<Arc<Event>> {
+fn events(evs: &[NewEvent], first: u64, epoch: u32) -> Vec<Event> {
     evs.iter()
         .enumerate()
-        .map(|(i, e)| {
-            Arc::new(Event {
-                seq: first + i as u64,
-                epoch,
-                stream: e.stream,
-                kind: e.kind,
-                payload: e.payload.clone(),
-            })
+        .map(|(i, e)| Event {
+            seq: first + i as u64,
+            epoch,
+            stream: e.stream,
+            kind: e.kind,
+            payload: e.payload.clone(),
         })
         .collect()
 }
@@ -1056,13 +1053,13 @@ async fn end(
                     tracing::error!(session = %log.tag, head, new_head, "the shared log's head moved unexpectedly at the end");
                 }
                 let mut published = events(pe_evs, head + 1, epoch);
-                published.push(Arc::new(Event {
+                published.push(Event {
                     seq: head + pe_evs.len() as u64 + 1,
                     epoch,
                     stream: super::event::StreamTag::LEGACY,
                     kind: Kind::End,
                     payload: marker(pe.reason),
-                }));
+                });
                 publish(store, log, &published, pe_evs);
                 return Ok(());
             }
@@ -1094,7 +1091,7 @@ async fn end(
 }
 
 /// Makes a written batch visible: window, head, in-flight, metrics; wakes readers.
-fn publish(store: &Store, log: &SessionLog, published: &[Arc<Event>], evs: &[NewEvent]) {
+fn publish(store: &Store, log: &SessionLog, published: &[Event], evs: &[NewEvent]) {
     for e in evs {
         if let Some(c) = &e.completes {
             log.clear_inflight(c);

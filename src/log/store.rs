@@ -112,7 +112,7 @@ pub(super) struct LogState {
     pub(super) assigned: u64,
     /// Payload bytes retained.
     pub(super) bytes: u64,
-    pub(super) window: VecDeque<Arc<Event>>,
+    pub(super) window: VecDeque<Event>,
     pub(super) window_bytes: usize,
     pub(super) meta: SessionMeta,
     pub(super) chunks: VecDeque<Chunk>,
@@ -125,7 +125,7 @@ pub(super) struct LogState {
 
 impl LogState {
     /// Makes a durable event visible: head, byte count, window.
-    pub(super) fn publish(&mut self, ev: &Arc<Event>) {
+    pub(super) fn publish(&mut self, ev: &Event) {
         self.ranges.head = ev.seq;
         self.bytes += ev.payload.len() as u64;
         self.window_bytes += ev.payload.len();
@@ -414,7 +414,7 @@ impl SessionLog {
 
     /// Shared log: a durable write's events become visible (window, head, phase); at most
     /// `max_events` are retained (the stream's `MAXLEN`).
-    pub(super) fn publish_events(&self, events: &[Arc<Event>], max_events: u64) {
+    pub(super) fn publish_events(&self, events: &[Event], max_events: u64) {
         let mut st = self.lock();
         for ev in events {
             st.publish(ev);
@@ -485,7 +485,7 @@ impl SessionLog {
     }
 
     /// A durable chunk: appended to the index, its events published.
-    pub(super) fn publish_chunk(&self, chunk: Chunk, events: &[Arc<Event>]) {
+    pub(super) fn publish_chunk(&self, chunk: Chunk, events: &[Event]) {
         let mut st = self.lock();
         st.chunks.push_back(chunk);
         for ev in events {
@@ -860,7 +860,7 @@ pub(crate) fn new_session_log(
 
 /// The events after `after` when the in-memory window holds them (or there are none to read):
 /// `None` when they must be read from storage.
-pub(crate) fn window_read(sl: &SessionLog, after: u64, max: usize) -> Option<Vec<Arc<Event>>> {
+pub(crate) fn window_read(sl: &SessionLog, after: u64, max: usize) -> Option<Vec<Event>> {
     let st = sl.lock();
     if after >= st.ranges.head || max == 0 {
         return Some(Vec::new());
@@ -874,7 +874,7 @@ pub(crate) fn window_read(sl: &SessionLog, after: u64, max: usize) -> Option<Vec
 }
 
 /// See [`Log::read_after`] (the simulator reads without a handle).
-pub(crate) fn read_after(sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Arc<Event>>> {
+pub(crate) fn read_after(sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Event>> {
     let (chunks, oldest): (Vec<Chunk>, u64) = {
         let st = sl.lock();
         let head = st.ranges.head;
@@ -920,7 +920,7 @@ pub(crate) fn read_after(sl: &SessionLog, after: u64, max: usize) -> Result<Vec<
             if out.len() >= max {
                 return Ok(out);
             }
-            out.push(Arc::new(ev));
+            out.push(ev);
         }
     }
     Ok(out)

@@ -561,7 +561,7 @@ struct ChunkOut {
     first: u64,
     count: u64,
     payload: u64,
-    events: Vec<Arc<Event>>,
+    events: Vec<Event>,
     received: Vec<tokio::time::Instant>,
     completes: Vec<String>,
 }
@@ -701,13 +701,13 @@ impl Turn {
         if let Some(c) = completes {
             out.completes.push(c);
         }
-        out.events.push(Arc::new(Event {
+        out.events.push(Event {
             seq,
             epoch,
             stream,
             kind,
             payload,
-        }));
+        });
         if answers {
             // An answer is an outcome a client is told: durable before it is seen, in either
             // mode — else a power loss would have the request answered `-32091` after its result
