@@ -298,7 +298,7 @@ impl<'a> Scanner<'a> {
     /// Skips the rest of a string (its opening quote read), checking it as serde_json does:
     /// escapes well formed (`\u` takes any four hex digits: a lone surrogate passes), no control
     /// character. (Its UTF-8 [`scan`] has checked.)
-    #[inline]
+    #[inline(always)]
     fn string(&mut self) -> Option<()> {
         loop {
             let stop = self.string_stop()?;
@@ -330,7 +330,7 @@ impl<'a> Scanner<'a> {
 
     /// Where the string text at the cursor stops: its closing quote, a backslash, or a control
     /// character (refused).
-    #[inline]
+    #[inline(always)]
     fn string_stop(&self) -> Option<usize> {
         let rest = &self.b[self.i..];
         let n = match self.ctrl {
@@ -405,6 +405,7 @@ fn bytes_control(w: u64) -> u64 {
 /// Most strings are short (keys, methods, small values) and the runs between escapes in text are
 /// too, so the first 64 bytes are looked at in place before paying for a `memchr2` call, which
 /// then runs vectors over long text.
+#[inline(always)]
 fn quote_or_backslash(b: &[u8]) -> Option<usize> {
     let mut at = 0;
     while let Some(w) = b[at..].first_chunk::<8>().filter(|_| at < 64) {
@@ -419,6 +420,7 @@ fn quote_or_backslash(b: &[u8]) -> Option<usize> {
 }
 
 /// Where the first `"`, `\` or control character in `b` is.
+#[inline(always)]
 fn quote_backslash_or_control(b: &[u8]) -> Option<usize> {
     let mut at = 0;
     while let Some(w) = b[at..].first_chunk::<8>() {
