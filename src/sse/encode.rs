@@ -119,9 +119,13 @@ fn push_field(out: &mut Vec<u8>, prefix: &[u8], value: &[u8]) {
     out.extend_from_slice(prefix);
     let start = out.len();
     out.extend_from_slice(value);
-    for b in &mut out[start..] {
-        if *b == b'\r' || *b == b'\n' {
-            *b = b' ';
+    // Every delivered event's id comes through here and has no line break: one search rather
+    // than a look at each byte (1.8 % of a flood's profile, docs/benchmarks.md round 9).
+    if find_eol(value).is_some() {
+        for b in &mut out[start..] {
+            if *b == b'\r' || *b == b'\n' {
+                *b = b' ';
+            }
         }
     }
     out.push(b'\n');
