@@ -32,14 +32,10 @@ impl SessionId {
     }
 
     /// The 32 lowercase hex characters. Event ids are formatted once per delivered event, so
-    /// this is a table lookup per nibble rather than 16 `{:02x}` formatter calls.
+    /// this writes into an array rather than through the formatter.
     pub fn hex(&self) -> [u8; 32] {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut out = [0u8; 32];
-        for (i, b) in self.0.iter().enumerate() {
-            out[2 * i] = HEX[usize::from(b >> 4)];
-            out[2 * i + 1] = HEX[usize::from(b & 0x0f)];
-        }
+        hex::encode_to_slice(self.0, &mut out).expect("32 bytes hold 16 in hex");
         out
     }
 }
