@@ -363,11 +363,13 @@ impl SessionLog {
         Some(dead)
     }
 
-    /// The next seq and the epoch it is logged in.
-    pub(super) fn assign(&self) -> (u64, u32) {
+    /// The next `n` seqs (one op's events: one lock for them all, not one each): the first, and
+    /// the epoch they are logged in.
+    pub(super) fn assign(&self, n: u64) -> (u64, u32) {
         let mut st = self.lock();
-        st.assigned += 1;
-        (st.assigned, st.ranges.current_epoch())
+        let first = st.assigned + 1;
+        st.assigned += n;
+        (first, st.ranges.current_epoch())
     }
 
     /// The highest seq handed out.

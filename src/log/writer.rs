@@ -644,13 +644,14 @@ impl Turn {
         i
     }
 
-    /// Assigns the next seq of `log` to an event and adds it to the session's open chunk.
-    /// `ahead` is (events, payload bytes) of this event and those that follow it in its op: a
-    /// chunk grows once to hold what will go into it, not step by step.
+    /// Adds an event of `log`, its seq and epoch assigned ([`SessionLog::assign`]), to the
+    /// session's open chunk. `ahead` is (events, payload bytes) of this event and those that
+    /// follow it in its op: a chunk grows once to hold what will go into it, not step by step.
     #[allow(clippy::too_many_arguments)]
     fn add_event(
         &mut self,
         log: &Arc<SessionLog>,
+        (seq, epoch): (u64, u32),
         stream: StreamTag,
         kind: Kind,
         payload: Bytes,
@@ -658,7 +659,6 @@ impl Turn {
         completes: Option<String>,
         ahead: (usize, usize),
     ) -> u64 {
-        let (seq, epoch) = log.assign();
         let i = self.building_index(log);
         let b = &mut self.building[i];
         if b.cur
@@ -1329,10 +1329,12 @@ impl Writer {
                     evs.len(),
                     evs.iter().map(|e| e.payload.len()).sum::<usize>(),
                 );
-                for ev in evs.drain(..) {
+                let (first, epoch) = log.assign(evs.len() as u64);
+                for (i, ev) in evs.drain(..).enumerate() {
                     let len = ev.payload.len();
                     last = t.add_event(
                         &log,
+                        (first + i as u64, epoch),
                         ev.stream,
                         ev.kind,
                         ev.payload,
@@ -2210,9 +2212,11 @@ fn plan_end(t: &mut Turn, pe: PendingEnd, ack: Option<Ack>) {
     // durable in either durability mode (§10b).
     t.sync = true;
     let now = tokio::time::Instant::now();
-    for (stream, kind, payload, completes) in pe.evs.clone() {
+    let (first, epoch) = pe.log.assign(pe.evs.len() as u64);
+    for (i, (stream, kind, payload, completes)) in pe.evs.clone().into_iter().enumerate() {
         let ahead = (1, payload.len());
-        t.add_event(&pe.log, stream, kind, payload, now, completes, ahead);
+        let seq = (first + i as u64, epoch);
+        t.add_event(&pe.log, seq, stream, kind, payload, now, completes, ahead);
     }
     t.post.push(meta_item(&pe.log));
     t.ends.push((pe, ack));
