@@ -125,11 +125,11 @@ pub(super) struct LogState {
 
 impl LogState {
     /// Makes a durable event visible: head, byte count, window.
-    pub(super) fn publish(&mut self, ev: &Event) {
+    pub(super) fn publish(&mut self, ev: Event) {
         self.ranges.head = ev.seq;
         self.bytes += ev.payload.len() as u64;
         self.window_bytes += ev.payload.len();
-        self.window.push_back(ev.clone());
+        self.window.push_back(ev);
         while self.window.len() > WINDOW_EVENTS
             || (self.window_bytes > WINDOW_BYTES && self.window.len() > 1)
         {
@@ -419,10 +419,10 @@ impl SessionLog {
     pub(super) fn publish_events(&self, events: &[Event], max_events: u64) {
         let mut st = self.lock();
         for ev in events {
-            st.publish(ev);
             if ev.kind == Kind::End {
                 st.phase = Phase::Ended;
             }
+            st.publish(ev.clone());
         }
         st.assigned = st.assigned.max(st.ranges.head);
         let count = (st.ranges.head + 1).saturating_sub(st.ranges.oldest);
@@ -486,15 +486,16 @@ impl SessionLog {
         self.lock().inflight.remove(id);
     }
 
-    /// A durable chunk: appended to the index, its events published.
-    pub(super) fn publish_chunk(&self, chunk: Chunk, events: &[Event]) {
+    /// A durable chunk: appended to the index, its events published (moved into the window, not
+    /// copied: no reference count taken and given back per event).
+    pub(super) fn publish_chunk(&self, chunk: Chunk, events: Vec<Event>) {
         let mut st = self.lock();
         st.chunks.push_back(chunk);
         for ev in events {
-            st.publish(ev);
             if ev.kind == Kind::End {
                 st.phase = Phase::Ended;
             }
+            st.publish(ev);
         }
     }
 

@@ -1635,7 +1635,7 @@ impl Writer {
                 }
                 Effect::Clean => {}
                 Effect::Chunk(c) => {
-                    let c = *c;
+                    let mut c = *c;
                     self.birth(loc);
                     let log = c.log.clone();
                     for id in &c.completes {
@@ -1650,8 +1650,10 @@ impl Writer {
                         off: loc.off,
                         len: loc.len,
                     };
-                    log.publish_chunk(chunk, &c.events);
-                    metrics.logged.inc_by(c.events.len() as u64);
+                    let events = std::mem::take(&mut c.events);
+                    let n = events.len() as u64;
+                    log.publish_chunk(chunk, events);
+                    metrics.logged.inc_by(n);
                     for r in &c.received {
                         let d = now.saturating_duration_since(*r);
                         append.observe(d.as_secs_f64());
