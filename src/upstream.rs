@@ -421,6 +421,10 @@ impl UpstreamReader {
                 Ok(())
             }
             Ok(_) => {
+                // Room for all the read's body at once: decoded chunk by chunk, it grew by
+                // doubling, copied each time (realloc was 4 % of a flood's instructions,
+                // docs/benchmarks.md round 9).
+                self.buf.reserve(self.raw.len());
                 match self.body.decode(&mut self.raw, &mut self.buf) {
                     Ok(false) => {}
                     Ok(true) => self.end = Some(Ok(())),
