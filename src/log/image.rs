@@ -476,8 +476,7 @@ impl Image {
 /// # Errors
 /// The read failed, or the bytes there are not that chunk.
 pub fn read_chunk_at(seg: &Segment, c: &ChunkEntry) -> Result<Vec<Event>, StoreError> {
-    let mut buf = vec![0u8; c.loc.len as usize];
-    seg.read_at(&mut buf, c.loc.off)?;
+    let buf = seg.read_vec_at(c.loc.len as usize, c.loc.off)?;
     let corrupt = || {
         StoreError::Corrupt(format!(
             "chunk at segment {} offset {} (first seq {})",

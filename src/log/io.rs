@@ -25,6 +25,15 @@ pub trait SegFile: Send + Sync + Debug {
     fn size(&self) -> io::Result<u64>;
     /// Reads up to `buf.len()` bytes at `off`; returns how many (fewer only at the end).
     fn read_at(&self, buf: &mut [u8], off: u64) -> io::Result<usize>;
+    /// Reads up to `len` bytes at `off` into a new buffer (fewer only at the end), as
+    /// [`Self::read_at`] into zeros would. The real file leaves out the zeros: the kernel
+    /// fills the new buffer's spare capacity.
+    fn read_vec_at(&self, len: usize, off: u64) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let n = self.read_at(&mut buf, off)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
     /// Writes all of `buf` at `off` (on an error, perhaps a part of it).
     fn write_all_at(&self, buf: &[u8], off: u64) -> io::Result<()>;
     /// `fdatasync`.
@@ -102,6 +111,24 @@ impl SegFile for OsFile {
             }
         }
         Ok(n)
+    }
+
+    fn read_vec_at(&self, len: usize, off: u64) -> io::Result<Vec<u8>> {
+        // A chunk read back from the log is up to 64 KiB: zeroing it first was 4-5 % of a
+        // flood's instructions when clients trail (docs/benchmarks.md round 9).
+        let mut buf = Vec::with_capacity(len);
+        while buf.len() < len {
+            let at = off + buf.len() as u64;
+            match rustix::io::pread(&self.0, rustix::buffer::spare_capacity(&mut buf), at) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The capacity may be more than was asked for.
+        buf.truncate(len);
+        Ok(buf)
     }
 
     fn write_all_at(&self, buf: &[u8], off: u64) -> io::Result<()> {

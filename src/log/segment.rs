@@ -112,6 +112,21 @@ impl Segment {
         }
     }
 
+    /// Reads exactly `len` bytes at `offset` into a new buffer.
+    ///
+    /// # Errors
+    /// The read failed or the file is shorter.
+    pub fn read_vec_at(&self, len: usize, offset: u64) -> Result<Vec<u8>, StoreError> {
+        match self.file.read_vec_at(len, offset) {
+            Ok(buf) if buf.len() == len => Ok(buf),
+            Ok(_) => Err(StoreError::io(
+                "read segment",
+                io::Error::from(io::ErrorKind::UnexpectedEof),
+            )),
+            Err(e) => Err(StoreError::io("read segment", e)),
+        }
+    }
+
     /// Reads up to `buf.len()` bytes at `offset`; returns how many (0 at the end).
     ///
     /// # Errors
@@ -246,6 +261,23 @@ mod tests {
             assert_eq!(parse_file_name(bad), None, "{bad}");
         }
         assert!(file_name(9) < file_name(10) && file_name(0xff) < file_name(0x100));
+    }
+
+    /// A read into a new buffer gets what a read into zeros gets, at any offset and length,
+    /// and a read past the end is refused as such.
+    #[test]
+    fn a_read_into_a_new_buffer_is_a_read_into_zeros() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = super::super::io::OsDir::new(tmp.path());
+        let s = Segment::create(&dir, 5).unwrap();
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        s.write_at(&data, 16).unwrap();
+        for (off, len) in [(16u64, 0usize), (16, 1), (17, 65_536), (100_000, 100_016)] {
+            let mut zeros = vec![0u8; len];
+            s.read_at(&mut zeros, off).unwrap();
+            assert_eq!(s.read_vec_at(len, off).unwrap(), zeros, "{off} {len}");
+        }
+        assert!(s.read_vec_at(10, 200_010).is_err());
     }
 
     #[test]
