@@ -3925,3 +3925,441 @@ mod tests {
         }
     }
 }
+
+/// Adversarial review 19: the writer's 8 MiB byte-bounded queue and 2 MiB turns (`be31b9e`), and
+/// events held by value instead of one `Arc` each (`45f5b0f`). These drive a real [`super::Log`]
+/// (its `reserve`, the semaphore an event larger than `QUEUE_BYTES` empties, the writer task) over
+/// a real directory, not the simulator's writer: the queue bound is not in the simulator.
+#[cfg(test)]
+mod adv19 {
+    use super::super::store::{QUEUE_BYTES, TURN_BYTES_MAX, WINDOW_BYTES, WINDOW_EVENTS};
+    use super::super::{Event, Kind, Log, NewEvent, SessionId, SessionLog, StreamTag};
+    use crate::config::{Durability, LogConfig};
+    use crate::domain::Facade;
+    use crate::metrics::Metrics;
+    use bytes::Bytes;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    const MIB: usize = 1 << 20;
+
+    fn cfg(dir: &std::path::Path, durability: Durability, total: u64) -> LogConfig {
+        LogConfig {
+            dir: dir.to_path_buf(),
+            durability,
+            max_events_per_session: 10_000_000,
+            max_bytes_per_session: total,
+            max_total_bytes: total,
+            store_error_exit_secs: 60,
+            ..LogConfig::default()
+        }
+    }
+
+    /// Event `i` of session `s`: a header naming both, then a filler that differs between
+    /// neighbours, `size` bytes in all (at least the header).
+    fn payload(s: usize, i: u64, size: usize) -> Bytes {
+        let fill = b'a' + ((s as u64 * 7 + i) % 26) as u8;
+        let mut v = format!("<{s}:{i}>").into_bytes();
+        v.resize(v.len().max(size), fill);
+        Bytes::from(v)
+    }
+
+    fn ev(p: &Bytes) -> NewEvent {
+        NewEvent::new(StreamTag::LEGACY, Kind::Message, p.clone())
+    }
+
+    fn messages(log: &Log, sl: &SessionLog) -> Vec<Event> {
+        log.read_held(sl, 0, 100_000_000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == Kind::Message)
+            .collect()
+    }
+
+    /// `got` is exactly `want` (or, `trimmed`, a suffix of it: a prefix legitimately trimmed),
+    /// each event once, in order, seq `k + 1` holding `want[k]`.
+    fn check(name: &str, got: &[Event], want: &[Bytes], trimmed: bool) {
+        if !trimmed {
+            assert_eq!(got.len(), want.len(), "{name}: events read back");
+        }
+        let mut last = 0;
+        for e in got {
+            assert!(e.seq > last, "{name}: seq {} after {last}", e.seq);
+            if last != 0 {
+                assert_eq!(e.seq, last + 1, "{name}: a gap after seq {last}");
+            }
+            last = e.seq;
+            let w = want
+                .get(e.seq as usize - 1)
+                .unwrap_or_else(|| panic!("{name}: seq {} was never appended", e.seq));
+            assert!(
+                e.payload == *w,
+                "{name}: seq {} holds {} bytes starting {:?}, {} expected",
+                e.seq,
+                e.payload.len(),
+                String::from_utf8_lossy(&e.payload[..e.payload.len().min(24)]),
+                w.len()
+            );
+        }
+        if !want.is_empty() {
+            assert_eq!(last, want.len() as u64, "{name}: the last event read back");
+        }
+    }
+
+    /// Sizes of the big session's events: on both sides of `QUEUE_BYTES` and far past it.
+    fn big_sizes() -> Vec<usize> {
+        vec![
+            9 * MIB,
+            64,
+            QUEUE_BYTES,
+            QUEUE_BYTES + 1,
+            20 * MIB,
+            1000,
+            64 * MIB,
+            QUEUE_BYTES - 1,
+            3 * TURN_BYTES_MAX + 7,
+            9 * MIB,
+        ]
+    }
+
+    struct Flood {
+        log: Arc<Log>,
+        sls: Vec<Arc<SessionLog>>,
+        ids: Vec<SessionId>,
+        want: Vec<Vec<Bytes>>,
+    }
+
+    /// Sessions `0..bigs` append the events of [`big_sizes`] (one op each, session 0 also one op
+    /// of two 9 MiB events, session 1 with `append`, waiting for each); the others flood small
+    /// batches meanwhile. All of it must be queued within `limit`.
+    async fn flood(log: Arc<Log>, sessions: usize, bigs: usize, small_batches: usize) -> Flood {
+        let mut sls = Vec::new();
+        let mut ids = Vec::new();
+        for _ in 0..sessions {
+            let id = SessionId::random();
+            ids.push(id);
+            sls.push(log.create(id, Facade::Legacy, None, None).await.unwrap());
+        }
+        let mut tasks = Vec::new();
+        for (s, sl) in sls.iter().enumerate() {
+            let (log, sl) = (log.clone(), sl.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut want = Vec::new();
+                let mut i = 1u64;
+                if s < bigs {
+                    for size in big_sizes() {
+                        let p = payload(s, i, size);
+                        want.push(p.clone());
+                        i += 1;
+                        if s == 1 {
+                            let seq = log.append(&sl, ev(&p)).await.expect("append");
+                            assert_eq!(seq, i - 1, "s{s}: seq of a waited append");
+                        } else {
+                            log.append_many_nowait(&sl, vec![ev(&p)]).await.unwrap();
+                        }
+                    }
+                    if s == 0 {
+                        let a = payload(s, i, 9 * MIB);
+                        let b = payload(s, i + 1, 9 * MIB);
+                        want.push(a.clone());
+                        want.push(b.clone());
+                        i += 2;
+                        log.append_many_nowait(&sl, vec![ev(&a), ev(&b)])
+                            .await
+                            .unwrap();
+                    }
+                    let _ = i;
+                } else {
+                    for r in 0..small_batches {
+                        let n = 1 + (r * 7 + s * 3) % 40;
+                        let mut b = log.batch();
+                        for _ in 0..n {
+                            let size = match (i as usize * 13 + s) % 7 {
+                                0 => 64 << 10,
+                                1 => 40_000,
+                                2 => 1,
+                                _ => 100 + (i as usize * 31) % 4000,
+                            };
+                            let p = payload(s, i, size);
+                            want.push(p.clone());
+                            b.push(ev(&p));
+                            i += 1;
+                        }
+                        log.append_many_nowait(&sl, b).await.unwrap();
+                    }
+                }
+                want
+            }));
+        }
+        let mut want = Vec::new();
+        for t in tasks {
+            want.push(t.await.expect("producer"));
+        }
+        Flood {
+            log,
+            sls,
+            ids,
+            want,
+        }
+    }
+
+    async fn within<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
+        match tokio::time::timeout(Duration::from_secs(secs), f).await {
+            Ok(v) => v,
+            Err(_) => panic!("{what}: not done within {secs} s (hang?)"),
+        }
+    }
+
+    /// Events larger than the 8 MiB queue (8 MiB - 1, 8 MiB, 8 MiB + 1, 9, 20, 64 MiB, one op of
+    /// 2 × 9 MiB), from three sessions that each want every permit, while 13 sessions flood small
+    /// batches: every event is logged and read back once, in order, byte for byte, live and after
+    /// a restart, in both durability modes; nothing waits forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_events_past_the_queue_bound_amid_a_flood_are_logged_once_in_order() {
+        for durability in [Durability::Fsync, Durability::Relaxed] {
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), durability, 1 << 34);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            let t0 = Instant::now();
+            let f = within(
+                &format!("{durability:?} producers"),
+                240,
+                flood(log.clone(), 16, 3, 150),
+            )
+            .await;
+            within(&format!("{durability:?} flush"), 120, f.log.flush())
+                .await
+                .unwrap();
+            eprintln!("{durability:?}: queued and flushed in {:?}", t0.elapsed());
+            for (s, sl) in f.sls.iter().enumerate() {
+                assert!(!sl.failed(), "{durability:?} s{s} failed");
+                check(
+                    &format!("{durability:?} live s{s}"),
+                    &messages(&f.log, sl),
+                    &f.want[s],
+                    false,
+                );
+            }
+            f.log.close().await.unwrap();
+            drop(f.sls);
+            drop(f.log);
+            drop(log);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("reopen");
+            for (s, id) in f.ids.iter().enumerate() {
+                let sl = log.get(id).expect("session recovered");
+                check(
+                    &format!("{durability:?} recovered s{s}"),
+                    &messages(&log, &sl),
+                    &f.want[s],
+                    false,
+                );
+            }
+            log.close().await.unwrap();
+        }
+    }
+
+    fn seg_size(total: u64) -> u64 {
+        (total / 32).clamp(1 << 20, 64 << 20)
+    }
+
+    /// Samples the segment files' bytes (the log's own count and the directory's) until `stop`.
+    fn sample_disk(
+        log: Arc<Log>,
+        dir: std::path::PathBuf,
+        stop: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<(u64, u64)> {
+        tokio::spawn(async move {
+            let (mut own, mut files) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                own = own.max(log.disk_bytes());
+                let mut sum = 0;
+                if let Ok(rd) = std::fs::read_dir(&dir) {
+                    for e in rd.flatten() {
+                        let name = e.file_name().to_string_lossy().to_string();
+                        if name.ends_with(".seg") || name.chars().all(|c| c.is_ascii_hexdigit()) {
+                            sum += e.metadata().map(|m| m.len()).unwrap_or(0);
+                        }
+                    }
+                }
+                files = files.max(sum);
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            (own, files)
+        })
+    }
+
+    /// A 64 MiB bound (2 MiB turns, 2 MiB segments): two sessions of 8–20 MiB events (past the
+    /// queue bound) and 14 of small batches flood about five times the bound, so the log trims,
+    /// compacts and throttles all along. Nothing hangs, every session reads back a contiguous,
+    /// in-order tail of what it appended ending at its last event, and the files stay within
+    /// README's bound (1.5 × bound + 4 segments, plus about twice the largest event).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_big_events_under_the_disk_throttle_keep_order_and_the_bound() {
+        for durability in [Durability::Relaxed, Durability::Fsync] {
+            let total: u64 = 64 << 20;
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), durability, total);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let sampler = sample_disk(log.clone(), dir.path().to_path_buf(), stop.clone());
+            let t0 = Instant::now();
+            // big_sizes has a 64 MiB event: the bound itself. Two big sessions, 14 small.
+            let f = within(
+                &format!("{durability:?} producers"),
+                300,
+                flood(log.clone(), 16, 2, 120),
+            )
+            .await;
+            within(&format!("{durability:?} flush"), 120, f.log.flush())
+                .await
+                .unwrap();
+            stop.store(true, Ordering::Relaxed);
+            let (own, files) = sampler.await.unwrap();
+            let bound = total + total / 2 + 4 * seg_size(total);
+            let allowance = bound + 2 * 64 * MIB as u64;
+            let appended: usize = f.want.iter().flatten().map(|b| b.len()).sum();
+            eprintln!(
+                "{durability:?}: {} MiB appended in {:?}; peak files {} MiB (own count {} MiB), \
+                 bound {} MiB, with two 64 MiB events {} MiB; now {} MiB live, {} MiB files",
+                appended >> 20,
+                t0.elapsed(),
+                files >> 20,
+                own >> 20,
+                bound >> 20,
+                allowance >> 20,
+                f.log.total_bytes() >> 20,
+                f.log.disk_bytes() >> 20
+            );
+            for (s, sl) in f.sls.iter().enumerate() {
+                assert!(!sl.failed(), "{durability:?} s{s} failed");
+                let got = messages(&f.log, sl);
+                check(&format!("{durability:?} s{s}"), &got, &f.want[s], true);
+            }
+            assert!(
+                own.max(files) <= allowance,
+                "{durability:?}: files peaked at {} bytes, past {allowance}",
+                own.max(files)
+            );
+            f.log.close().await.unwrap();
+        }
+    }
+
+    /// An event larger than the whole log bound (20 MiB in a 16 MiB log, which the configuration
+    /// allows: `upstream.max_event_bytes` is not checked against `log.max_total_bytes`), from one
+    /// session, while another keeps appending small events: the small session is not held back
+    /// for good (its appends keep completing), and the big session's events come out whole and in
+    /// order (or trimmed, never cut or duplicated).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_an_event_larger_than_the_whole_bound_does_not_wedge_the_log() {
+        for durability in [Durability::Fsync, Durability::Relaxed] {
+            let total: u64 = 16 << 20;
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), durability, total);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            let big = log
+                .create(SessionId::random(), Facade::Legacy, None, None)
+                .await
+                .unwrap();
+            let small = log
+                .create(SessionId::random(), Facade::Legacy, None, None)
+                .await
+                .unwrap();
+            let mut want_big = Vec::new();
+            for i in 1..=4u64 {
+                let size = if i % 2 == 1 { 20 * MIB } else { 9 * MIB };
+                let p = payload(0, i, size);
+                want_big.push(p.clone());
+                let l = log.clone();
+                let b = big.clone();
+                within(&format!("{durability:?} big {i}"), 60, async move {
+                    l.append_many_nowait(&b, vec![ev(&p)]).await.unwrap()
+                })
+                .await;
+                // The small session's waited appends go through after it.
+                for k in 0..20u64 {
+                    let q = payload(1, i * 100 + k, 30_000);
+                    within(
+                        &format!("{durability:?} small append after big {i}"),
+                        60,
+                        log.append(&small, ev(&q)),
+                    )
+                    .await
+                    .expect("small append");
+                }
+            }
+            within(&format!("{durability:?} flush"), 60, log.flush())
+                .await
+                .unwrap();
+            let got = messages(&log, &big);
+            eprintln!(
+                "{durability:?}: big session reads back seqs {:?}; {} MiB live, {} MiB files",
+                got.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                log.total_bytes() >> 20,
+                log.disk_bytes() >> 20
+            );
+            assert!(!big.failed() && !small.failed());
+            check(&format!("{durability:?} big"), &got, &want_big, true);
+            log.close().await.unwrap();
+        }
+    }
+
+    /// The window of a session that logged many small events then events past the queue bound:
+    /// at most `WINDOW_EVENTS` events, and past `WINDOW_BYTES` only one (the newest). Events by
+    /// value: a reader that changes its copy changes nobody else's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_window_stays_bounded_and_copies_are_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(dir.path(), Durability::Relaxed, 1 << 34);
+        let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+        let sl = log
+            .create(SessionId::random(), Facade::Legacy, None, None)
+            .await
+            .unwrap();
+        let window = |sl: &SessionLog| {
+            let st = sl.lock();
+            let sum: usize = st.window.iter().map(|e| e.payload.len()).sum();
+            assert_eq!(sum, st.window_bytes, "window_bytes is the window's bytes");
+            (st.window.len(), st.window_bytes)
+        };
+        let mut i = 1;
+        for _ in 0..50 {
+            let mut b = log.batch();
+            for _ in 0..20 {
+                b.push(ev(&payload(0, i, 300)));
+                i += 1;
+            }
+            log.append_many_nowait(&sl, b).await.unwrap();
+        }
+        log.flush().await.unwrap();
+        let (n, bytes) = window(&sl);
+        assert!(
+            n <= WINDOW_EVENTS && bytes <= WINDOW_BYTES,
+            "{n} events, {bytes} bytes"
+        );
+        for size in [9 * MIB, 20 * MIB, 100, 100] {
+            log.append(&sl, ev(&payload(0, i, size))).await.unwrap();
+            i += 1;
+            let (n, bytes) = window(&sl);
+            assert!(
+                n <= WINDOW_EVENTS && (bytes <= WINDOW_BYTES || n == 1),
+                "after a {size}-byte event: {n} events, {bytes} bytes"
+            );
+        }
+        let head = i - 1;
+        let mut a = log.read_after(&sl, head - 2, 10).await.unwrap();
+        let b = log.read_after(&sl, head - 2, 10).await.unwrap();
+        assert_eq!(a.len(), 2);
+        let orig = a[0].payload.clone();
+        a[0].payload = Bytes::from_static(b"changed");
+        a[0].seq = 999;
+        let c2 = log.read_after(&sl, head - 2, 10).await.unwrap();
+        assert_eq!(b[0].payload, orig);
+        assert_eq!(c2[0].payload, orig);
+        assert_eq!(c2[0].seq, head - 1);
+        log.close().await.unwrap();
+    }
+}
