@@ -3933,7 +3933,7 @@ mod tests {
 #[cfg(test)]
 mod adv19 {
     use super::super::store::{QUEUE_BYTES, TURN_BYTES_MAX, WINDOW_BYTES, WINDOW_EVENTS};
-    use super::super::{Event, Kind, Log, NewEvent, SessionId, SessionLog, StreamTag};
+    use super::super::{Event, Health, Kind, Log, NewEvent, SessionId, SessionLog, StreamTag};
     use crate::config::{Durability, LogConfig};
     use crate::domain::Facade;
     use crate::metrics::Metrics;
@@ -4034,6 +4034,16 @@ mod adv19 {
     /// of two 9 MiB events, session 1 with `append`, waiting for each); the others flood small
     /// batches meanwhile. All of it must be queued within `limit`.
     async fn flood(log: Arc<Log>, sessions: usize, bigs: usize, small_batches: usize) -> Flood {
+        flood_of(log, sessions, bigs, small_batches, big_sizes()).await
+    }
+
+    async fn flood_of(
+        log: Arc<Log>,
+        sessions: usize,
+        bigs: usize,
+        small_batches: usize,
+        sizes: Vec<usize>,
+    ) -> Flood {
         let mut sls = Vec::new();
         let mut ids = Vec::new();
         for _ in 0..sessions {
@@ -4041,20 +4051,44 @@ mod adv19 {
             ids.push(id);
             sls.push(log.create(id, Facade::Legacy, None, None).await.unwrap());
         }
+        let want = run_flood(&log, &sls, bigs, small_batches, sizes).await;
+        Flood {
+            log,
+            sls,
+            ids,
+            want,
+        }
+    }
+
+    /// The producers of [`flood_of`] over sessions already created; what each appended.
+    async fn run_flood(
+        log: &Arc<Log>,
+        sls: &[Arc<SessionLog>],
+        bigs: usize,
+        small_batches: usize,
+        sizes: Vec<usize>,
+    ) -> Vec<Vec<Bytes>> {
         let mut tasks = Vec::new();
         for (s, sl) in sls.iter().enumerate() {
             let (log, sl) = (log.clone(), sl.clone());
+            let sizes = sizes.clone();
             tasks.push(tokio::spawn(async move {
                 let mut want = Vec::new();
                 let mut i = 1u64;
                 if s < bigs {
-                    for size in big_sizes() {
+                    for size in sizes {
                         let p = payload(s, i, size);
                         want.push(p.clone());
                         i += 1;
                         if s == 1 {
-                            let seq = log.append(&sl, ev(&p)).await.expect("append");
-                            assert_eq!(seq, i - 1, "s{s}: seq of a waited append");
+                            match log.append(&sl, ev(&p)).await {
+                                Ok(seq) => assert_eq!(seq, i - 1, "s{s}: seq of a waited append"),
+                                // A full disk: the session ends (`store_error`).
+                                Err(e) => {
+                                    assert!(sl.failed(), "s{s}: {e} and not failed");
+                                    break;
+                                }
+                            }
                         } else {
                             log.append_many_nowait(&sl, vec![ev(&p)]).await.unwrap();
                         }
@@ -4096,12 +4130,7 @@ mod adv19 {
         for t in tasks {
             want.push(t.await.expect("producer"));
         }
-        Flood {
-            log,
-            sls,
-            ids,
-            want,
-        }
+        want
     }
 
     async fn within<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
@@ -4197,7 +4226,22 @@ mod adv19 {
     /// README's bound (1.5 × bound + 4 segments, plus about twice the largest event).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn adv19_big_events_under_the_disk_throttle_keep_order_and_the_bound() {
-        for durability in [Durability::Relaxed, Durability::Fsync] {
+        let twenty = vec![
+            9 * MIB,
+            20 * MIB,
+            QUEUE_BYTES + 1,
+            20 * MIB,
+            100,
+            9 * MIB,
+            20 * MIB,
+        ];
+        for (durability, sizes) in [
+            (Durability::Relaxed, big_sizes()),
+            (Durability::Fsync, big_sizes()),
+            (Durability::Relaxed, twenty.clone()),
+            (Durability::Fsync, twenty),
+        ] {
+            let largest = *sizes.iter().max().unwrap() as u64;
             let total: u64 = 64 << 20;
             let dir = tempfile::tempdir().unwrap();
             let c = cfg(dir.path(), durability, total);
@@ -4210,7 +4254,7 @@ mod adv19 {
             let f = within(
                 &format!("{durability:?} producers"),
                 300,
-                flood(log.clone(), 16, 2, 120),
+                flood_of(log.clone(), 16, 2, 120, sizes),
             )
             .await;
             within(&format!("{durability:?} flush"), 120, f.log.flush())
@@ -4219,16 +4263,17 @@ mod adv19 {
             stop.store(true, Ordering::Relaxed);
             let (own, files) = sampler.await.unwrap();
             let bound = total + total / 2 + 4 * seg_size(total);
-            let allowance = bound + 2 * 64 * MIB as u64;
+            let allowance = bound + 2 * largest;
             let appended: usize = f.want.iter().flatten().map(|b| b.len()).sum();
             eprintln!(
                 "{durability:?}: {} MiB appended in {:?}; peak files {} MiB (own count {} MiB), \
-                 bound {} MiB, with two 64 MiB events {} MiB; now {} MiB live, {} MiB files",
+                 bound {} MiB, with two {} MiB events {} MiB; now {} MiB live, {} MiB files",
                 appended >> 20,
                 t0.elapsed(),
                 files >> 20,
                 own >> 20,
                 bound >> 20,
+                largest >> 20,
                 allowance >> 20,
                 f.log.total_bytes() >> 20,
                 f.log.disk_bytes() >> 20
@@ -4361,5 +4406,225 @@ mod adv19 {
         assert_eq!(c2[0].payload, orig);
         assert_eq!(c2[0].seq, head - 1);
         log.close().await.unwrap();
+    }
+
+    /// 2 MiB turns where they were 8 MiB (a 256 MiB bound: 8 MiB segments, turns of 2 MiB, not
+    /// 32 MiB / 8): 16 sessions flood small events past three times the bound; the files stay
+    /// within 1.5 × the bound + 4 segments (compaction keeps pace with turns a sixteenth of a
+    /// segment), and every session reads back an in-order tail ending at its last event.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_a_small_event_flood_keeps_the_disk_bound_with_2_mib_turns() {
+        for durability in [Durability::Relaxed, Durability::Fsync] {
+            let total: u64 = 256 << 20;
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), durability, total);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let sampler = sample_disk(log.clone(), dir.path().to_path_buf(), stop.clone());
+            let t0 = Instant::now();
+            let f = within(
+                &format!("{durability:?} producers"),
+                400,
+                flood_of(log.clone(), 16, 0, 280, Vec::new()),
+            )
+            .await;
+            within(&format!("{durability:?} flush"), 120, f.log.flush())
+                .await
+                .unwrap();
+            stop.store(true, Ordering::Relaxed);
+            let (own, files) = sampler.await.unwrap();
+            let bound = total + total / 2 + 4 * seg_size(total);
+            let appended: usize = f.want.iter().flatten().map(|b| b.len()).sum();
+            eprintln!(
+                "{durability:?}: {} MiB appended in {:?}; peak files {} MiB (own count {} MiB), \
+                 bound {} MiB; now {} MiB live, {} MiB files",
+                appended >> 20,
+                t0.elapsed(),
+                files >> 20,
+                own >> 20,
+                bound >> 20,
+                f.log.total_bytes() >> 20,
+                f.log.disk_bytes() >> 20
+            );
+            assert!(appended as u64 > 2 * total, "the flood passes the bound");
+            for (s, sl) in f.sls.iter().enumerate() {
+                assert!(!sl.failed(), "{durability:?} s{s} failed");
+                check(
+                    &format!("{durability:?} s{s}"),
+                    &messages(&f.log, sl),
+                    &f.want[s],
+                    true,
+                );
+            }
+            assert!(
+                own.max(files) <= bound,
+                "{durability:?}: files peaked at {} bytes, past {bound}",
+                own.max(files)
+            );
+            f.log.close().await.unwrap();
+        }
+    }
+
+    /// The events of `got` are the first ones of `want`, each once, in order.
+    fn check_prefix(name: &str, got: &[Event], want: &[Bytes]) {
+        assert!(got.len() <= want.len(), "{name}: more read than appended");
+        check(name, got, &want[..got.len()], false);
+    }
+
+    /// A full disk (a 64 MiB tmpfs, all but 10 MiB taken by a ballast file) under a flood of small
+    /// events and events past the queue bound (9, 20 MiB): the log degrades; a second wave of
+    /// sessions floods big and small events while it is degraded; the ballast goes 1.5 s later,
+    /// the log heals, and then every producer finishes, the flush returns, sessions whose write
+    /// failed read back a prefix of theirs, the others all of theirs, and a new session logs a
+    /// 20 MiB event. Root only (a tmpfs mount).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_big_events_on_a_full_disk_heal_without_a_hang() {
+        let root = std::fs::read_to_string("/proc/self/status")
+            .map(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")))
+            .unwrap_or(false);
+        if !root {
+            eprintln!("skipped: needs root for a tmpfs");
+            return;
+        }
+        for durability in [Durability::Fsync, Durability::Relaxed] {
+            let outer = tempfile::tempdir().unwrap();
+            let mnt = outer.path().join("mnt");
+            std::fs::create_dir(&mnt).unwrap();
+            let st = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+                .arg(&mnt)
+                .status()
+                .unwrap();
+            assert!(st.success(), "mount");
+            struct Unmount(std::path::PathBuf);
+            impl Drop for Unmount {
+                fn drop(&mut self) {
+                    let _ = std::process::Command::new("umount")
+                        .arg("-l")
+                        .arg(&self.0)
+                        .status();
+                }
+            }
+            let _unmount = Unmount(mnt.clone());
+            let data = mnt.join("data");
+            let c = cfg(&data, durability, 256 << 20);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            // Ballast: everything but 10 MiB.
+            let ballast = mnt.join("ballast");
+            {
+                use std::io::Write;
+                let mut f = std::fs::File::create(&ballast).unwrap();
+                let block = vec![7u8; 1 << 20];
+                while f.write_all(&block).is_ok() {}
+                let len = f.metadata().unwrap().len();
+                f.set_len(len.saturating_sub(10 << 20)).unwrap();
+            }
+            // A second wave, created now, appends only once the log is degraded: its appends
+            // are held (not failed), its big events wait for every permit.
+            let mut wave2 = Vec::new();
+            for _ in 0..6 {
+                wave2.push(
+                    log.create(SessionId::random(), Facade::Legacy, None, None)
+                        .await
+                        .unwrap(),
+                );
+            }
+            let mut health = log.health();
+            let log2 = log.clone();
+            let healer = tokio::spawn(async move {
+                let t = Instant::now();
+                let degraded = tokio::time::timeout(
+                    Duration::from_secs(60),
+                    health.wait_for(|h| *h != Health::Ok),
+                )
+                .await
+                .map(|r| r.map(|h| *h));
+                let w = wave2.clone();
+                let sizes = vec![QUEUE_BYTES + 1, 9 * MIB, 100, 20 * MIB];
+                let l = log2.clone();
+                let second = tokio::spawn(async move { run_flood(&l, &w, 2, 40, sizes).await });
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let held = log2.store.queued.available_permits();
+                std::fs::remove_file(&ballast).unwrap();
+                let want2 = within("second wave", 120, second).await.unwrap();
+                (degraded, t.elapsed(), held, wave2, want2)
+            });
+            let sizes = vec![9 * MIB, 100, 20 * MIB, 9 * MIB, QUEUE_BYTES + 1];
+            let f = within(
+                &format!("{durability:?} producers"),
+                120,
+                flood_of(log.clone(), 12, 2, 60, sizes),
+            )
+            .await;
+            let (degraded, after, free_permits, wave2, want2) = healer.await.unwrap();
+            eprintln!(
+                "{durability:?}: health left Ok after {after:?}: {degraded:?}; \
+                 {free_permits} of {QUEUE_BYTES} queue permits free before healing"
+            );
+            let _ = within(&format!("{durability:?} flush"), 60, f.log.flush()).await;
+            let mut health = f.log.health();
+            within(
+                &format!("{durability:?} healthy again"),
+                30,
+                health.wait_for(|h| *h == Health::Ok),
+            )
+            .await
+            .unwrap();
+            let mut failed = 0;
+            for (s, sl) in f.sls.iter().enumerate() {
+                let got = messages(&f.log, sl);
+                if sl.failed() {
+                    failed += 1;
+                    check_prefix(&format!("{durability:?} failed s{s}"), &got, &f.want[s]);
+                } else {
+                    check(&format!("{durability:?} s{s}"), &got, &f.want[s], false);
+                }
+            }
+            eprintln!("{durability:?}: {failed} of 12 sessions failed by the full disk");
+            // A degraded log still tries each write (`throttled` holds appends only over the
+            // throttle): wave 2's sessions fail while the disk is full, like wave 1's.
+            let mut failed2 = 0;
+            for (s, sl) in wave2.iter().enumerate() {
+                let got = messages(&f.log, sl);
+                if sl.failed() {
+                    failed2 += 1;
+                    check_prefix(
+                        &format!("{durability:?} failed wave 2 s{s}"),
+                        &got,
+                        &want2[s],
+                    );
+                } else {
+                    check(
+                        &format!("{durability:?} wave 2 s{s}"),
+                        &got,
+                        &want2[s],
+                        false,
+                    );
+                }
+            }
+            eprintln!("{durability:?}: {failed2} of 6 wave 2 sessions failed");
+            let sl = f
+                .log
+                .create(SessionId::random(), Facade::Legacy, None, None)
+                .await
+                .unwrap();
+            let p = payload(99, 1, 20 * MIB);
+            within(
+                &format!("{durability:?} big append after healing"),
+                60,
+                f.log.append(&sl, ev(&p)),
+            )
+            .await
+            .unwrap();
+            check(
+                &format!("{durability:?} after healing"),
+                &messages(&f.log, &sl),
+                &[p],
+                false,
+            );
+            within("close", 60, f.log.close()).await.unwrap();
+        }
     }
 }
