@@ -3925,3 +3925,706 @@ mod tests {
         }
     }
 }
+
+/// Adversarial review 19: the writer's 8 MiB byte-bounded queue and 2 MiB turns (`be31b9e`), and
+/// events held by value instead of one `Arc` each (`45f5b0f`). These drive a real [`super::Log`]
+/// (its `reserve`, the semaphore an event larger than `QUEUE_BYTES` empties, the writer task) over
+/// a real directory, not the simulator's writer: the queue bound is not in the simulator.
+#[cfg(test)]
+mod adv19 {
+    use super::super::store::{QUEUE_BYTES, TURN_BYTES_MAX, WINDOW_BYTES, WINDOW_EVENTS};
+    use super::super::{Event, Health, Kind, Log, NewEvent, SessionId, SessionLog, StreamTag};
+    use crate::config::{Durability, LogConfig};
+    use crate::domain::Facade;
+    use crate::metrics::Metrics;
+    use bytes::Bytes;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    const MIB: usize = 1 << 20;
+
+    fn cfg(dir: &std::path::Path, durability: Durability, total: u64) -> LogConfig {
+        LogConfig {
+            dir: dir.to_path_buf(),
+            durability,
+            max_events_per_session: 10_000_000,
+            max_bytes_per_session: total,
+            max_total_bytes: total,
+            store_error_exit_secs: 60,
+            ..LogConfig::default()
+        }
+    }
+
+    /// Event `i` of session `s`: a header naming both, then a filler that differs between
+    /// neighbours, `size` bytes in all (at least the header).
+    fn payload(s: usize, i: u64, size: usize) -> Bytes {
+        let fill = b'a' + ((s as u64 * 7 + i) % 26) as u8;
+        let mut v = format!("<{s}:{i}>").into_bytes();
+        v.resize(v.len().max(size), fill);
+        Bytes::from(v)
+    }
+
+    fn ev(p: &Bytes) -> NewEvent {
+        NewEvent::new(StreamTag::LEGACY, Kind::Message, p.clone())
+    }
+
+    fn messages(log: &Log, sl: &SessionLog) -> Vec<Event> {
+        log.read_held(sl, 0, 100_000_000)
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == Kind::Message)
+            .collect()
+    }
+
+    /// `got` is exactly `want` (or, `trimmed`, a suffix of it: a prefix legitimately trimmed),
+    /// each event once, in order, seq `k + 1` holding `want[k]`.
+    fn check(name: &str, got: &[Event], want: &[Bytes], trimmed: bool) {
+        if !trimmed {
+            assert_eq!(got.len(), want.len(), "{name}: events read back");
+        }
+        let mut last = 0;
+        for e in got {
+            assert!(e.seq > last, "{name}: seq {} after {last}", e.seq);
+            if last != 0 {
+                assert_eq!(e.seq, last + 1, "{name}: a gap after seq {last}");
+            }
+            last = e.seq;
+            let w = want
+                .get(e.seq as usize - 1)
+                .unwrap_or_else(|| panic!("{name}: seq {} was never appended", e.seq));
+            assert!(
+                e.payload == *w,
+                "{name}: seq {} holds {} bytes starting {:?}, {} expected",
+                e.seq,
+                e.payload.len(),
+                String::from_utf8_lossy(&e.payload[..e.payload.len().min(24)]),
+                w.len()
+            );
+        }
+        if !want.is_empty() {
+            assert_eq!(last, want.len() as u64, "{name}: the last event read back");
+        }
+    }
+
+    /// Sizes of the big session's events: on both sides of `QUEUE_BYTES` and far past it.
+    fn big_sizes() -> Vec<usize> {
+        vec![
+            9 * MIB,
+            64,
+            QUEUE_BYTES,
+            QUEUE_BYTES + 1,
+            20 * MIB,
+            1000,
+            64 * MIB,
+            QUEUE_BYTES - 1,
+            3 * TURN_BYTES_MAX + 7,
+            9 * MIB,
+        ]
+    }
+
+    struct Flood {
+        log: Arc<Log>,
+        sls: Vec<Arc<SessionLog>>,
+        ids: Vec<SessionId>,
+        want: Vec<Vec<Bytes>>,
+    }
+
+    /// Sessions `0..bigs` append the events of [`big_sizes`] (one op each, session 0 also one op
+    /// of two 9 MiB events, session 1 with `append`, waiting for each); the others flood small
+    /// batches meanwhile. All of it must be queued within `limit`.
+    async fn flood(log: Arc<Log>, sessions: usize, bigs: usize, small_batches: usize) -> Flood {
+        flood_of(log, sessions, bigs, small_batches, big_sizes()).await
+    }
+
+    async fn flood_of(
+        log: Arc<Log>,
+        sessions: usize,
+        bigs: usize,
+        small_batches: usize,
+        sizes: Vec<usize>,
+    ) -> Flood {
+        let mut sls = Vec::new();
+        let mut ids = Vec::new();
+        for _ in 0..sessions {
+            let id = SessionId::random();
+            ids.push(id);
+            sls.push(log.create(id, Facade::Legacy, None, None).await.unwrap());
+        }
+        let want = run_flood(&log, &sls, bigs, small_batches, sizes).await;
+        Flood {
+            log,
+            sls,
+            ids,
+            want,
+        }
+    }
+
+    /// The producers of [`flood_of`] over sessions already created; what each appended.
+    async fn run_flood(
+        log: &Arc<Log>,
+        sls: &[Arc<SessionLog>],
+        bigs: usize,
+        small_batches: usize,
+        sizes: Vec<usize>,
+    ) -> Vec<Vec<Bytes>> {
+        let mut tasks = Vec::new();
+        for (s, sl) in sls.iter().enumerate() {
+            let (log, sl) = (log.clone(), sl.clone());
+            let sizes = sizes.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut want = Vec::new();
+                let mut i = 1u64;
+                if s < bigs {
+                    for size in sizes {
+                        let p = payload(s, i, size);
+                        want.push(p.clone());
+                        i += 1;
+                        if s == 1 {
+                            match log.append(&sl, ev(&p)).await {
+                                Ok(seq) => assert_eq!(seq, i - 1, "s{s}: seq of a waited append"),
+                                // A full disk: the session ends (`store_error`).
+                                Err(e) => {
+                                    assert!(sl.failed(), "s{s}: {e} and not failed");
+                                    break;
+                                }
+                            }
+                        } else {
+                            log.append_many_nowait(&sl, vec![ev(&p)]).await.unwrap();
+                        }
+                    }
+                    if s == 0 {
+                        let a = payload(s, i, 9 * MIB);
+                        let b = payload(s, i + 1, 9 * MIB);
+                        want.push(a.clone());
+                        want.push(b.clone());
+                        i += 2;
+                        log.append_many_nowait(&sl, vec![ev(&a), ev(&b)])
+                            .await
+                            .unwrap();
+                    }
+                    let _ = i;
+                } else {
+                    for r in 0..small_batches {
+                        let n = 1 + (r * 7 + s * 3) % 40;
+                        let mut b = log.batch();
+                        for _ in 0..n {
+                            let size = match (i as usize * 13 + s) % 7 {
+                                0 => 64 << 10,
+                                1 => 40_000,
+                                2 => 1,
+                                _ => 100 + (i as usize * 31) % 4000,
+                            };
+                            let p = payload(s, i, size);
+                            want.push(p.clone());
+                            b.push(ev(&p));
+                            i += 1;
+                        }
+                        log.append_many_nowait(&sl, b).await.unwrap();
+                    }
+                }
+                want
+            }));
+        }
+        let mut want = Vec::new();
+        for t in tasks {
+            want.push(t.await.expect("producer"));
+        }
+        want
+    }
+
+    async fn within<T>(what: &str, secs: u64, f: impl std::future::Future<Output = T>) -> T {
+        match tokio::time::timeout(Duration::from_secs(secs), f).await {
+            Ok(v) => v,
+            Err(_) => panic!("{what}: not done within {secs} s (hang?)"),
+        }
+    }
+
+    /// Events larger than the 8 MiB queue (8 MiB - 1, 8 MiB, 8 MiB + 1, 9, 20, 64 MiB, one op of
+    /// 2 × 9 MiB), from three sessions that each want every permit, while 13 sessions flood small
+    /// batches: every event is logged and read back once, in order, byte for byte, live and after
+    /// a restart, in both durability modes; nothing waits forever.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_events_past_the_queue_bound_amid_a_flood_are_logged_once_in_order() {
+        for durability in [Durability::Fsync, Durability::Relaxed] {
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), durability, 1 << 34);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            let t0 = Instant::now();
+            let f = within(
+                &format!("{durability:?} producers"),
+                240,
+                flood(log.clone(), 16, 3, 150),
+            )
+            .await;
+            within(&format!("{durability:?} flush"), 120, f.log.flush())
+                .await
+                .unwrap();
+            eprintln!("{durability:?}: queued and flushed in {:?}", t0.elapsed());
+            for (s, sl) in f.sls.iter().enumerate() {
+                assert!(!sl.failed(), "{durability:?} s{s} failed");
+                check(
+                    &format!("{durability:?} live s{s}"),
+                    &messages(&f.log, sl),
+                    &f.want[s],
+                    false,
+                );
+            }
+            f.log.close().await.unwrap();
+            drop(f.sls);
+            drop(f.log);
+            drop(log);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("reopen");
+            for (s, id) in f.ids.iter().enumerate() {
+                let sl = log.get(id).expect("session recovered");
+                check(
+                    &format!("{durability:?} recovered s{s}"),
+                    &messages(&log, &sl),
+                    &f.want[s],
+                    false,
+                );
+            }
+            log.close().await.unwrap();
+        }
+    }
+
+    fn seg_size(total: u64) -> u64 {
+        (total / 32).clamp(1 << 20, 64 << 20)
+    }
+
+    /// Samples the segment files' bytes (the log's own count and the directory's) until `stop`.
+    fn sample_disk(
+        log: Arc<Log>,
+        dir: std::path::PathBuf,
+        stop: Arc<AtomicBool>,
+    ) -> tokio::task::JoinHandle<(u64, u64)> {
+        tokio::spawn(async move {
+            let (mut own, mut files) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                own = own.max(log.disk_bytes());
+                let mut sum = 0;
+                if let Ok(rd) = std::fs::read_dir(&dir) {
+                    for e in rd.flatten() {
+                        let name = e.file_name().to_string_lossy().to_string();
+                        if name.ends_with(".seg") || name.chars().all(|c| c.is_ascii_hexdigit()) {
+                            sum += e.metadata().map(|m| m.len()).unwrap_or(0);
+                        }
+                    }
+                }
+                files = files.max(sum);
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+            (own, files)
+        })
+    }
+
+    /// A 64 MiB bound (2 MiB turns, 2 MiB segments): two sessions of 8–20 MiB events (past the
+    /// queue bound) and 14 of small batches flood about five times the bound, so the log trims,
+    /// compacts and throttles all along. Nothing hangs, every session reads back a contiguous,
+    /// in-order tail of what it appended ending at its last event, and the files stay within
+    /// README's bound (1.5 × bound + 4 segments, plus about twice the largest event).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_big_events_under_the_disk_throttle_keep_order_and_the_bound() {
+        let twenty = vec![
+            9 * MIB,
+            20 * MIB,
+            QUEUE_BYTES + 1,
+            20 * MIB,
+            100,
+            9 * MIB,
+            20 * MIB,
+        ];
+        for (durability, sizes) in [
+            (Durability::Relaxed, big_sizes()),
+            (Durability::Fsync, big_sizes()),
+            (Durability::Relaxed, twenty.clone()),
+            (Durability::Fsync, twenty),
+        ] {
+            let largest = *sizes.iter().max().unwrap() as u64;
+            let total: u64 = 64 << 20;
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), durability, total);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let sampler = sample_disk(log.clone(), dir.path().to_path_buf(), stop.clone());
+            let t0 = Instant::now();
+            // big_sizes has a 64 MiB event: the bound itself. Two big sessions, 14 small.
+            let f = within(
+                &format!("{durability:?} producers"),
+                300,
+                flood_of(log.clone(), 16, 2, 120, sizes),
+            )
+            .await;
+            within(&format!("{durability:?} flush"), 120, f.log.flush())
+                .await
+                .unwrap();
+            stop.store(true, Ordering::Relaxed);
+            let (own, files) = sampler.await.unwrap();
+            let bound = total + total / 2 + 4 * seg_size(total);
+            let allowance = bound + 2 * largest;
+            let appended: usize = f.want.iter().flatten().map(|b| b.len()).sum();
+            eprintln!(
+                "{durability:?}: {} MiB appended in {:?}; peak files {} MiB (own count {} MiB), \
+                 bound {} MiB, with two {} MiB events {} MiB; now {} MiB live, {} MiB files",
+                appended >> 20,
+                t0.elapsed(),
+                files >> 20,
+                own >> 20,
+                bound >> 20,
+                largest >> 20,
+                allowance >> 20,
+                f.log.total_bytes() >> 20,
+                f.log.disk_bytes() >> 20
+            );
+            for (s, sl) in f.sls.iter().enumerate() {
+                assert!(!sl.failed(), "{durability:?} s{s} failed");
+                let got = messages(&f.log, sl);
+                check(&format!("{durability:?} s{s}"), &got, &f.want[s], true);
+            }
+            assert!(
+                own.max(files) <= allowance,
+                "{durability:?}: files peaked at {} bytes, past {allowance}",
+                own.max(files)
+            );
+            f.log.close().await.unwrap();
+        }
+    }
+
+    /// An event larger than the whole log bound (20 MiB in a 16 MiB log, which the configuration
+    /// allows: `upstream.max_event_bytes` is not checked against `log.max_total_bytes`), from one
+    /// session, while another keeps appending small events: the small session is not held back
+    /// for good (its appends keep completing), and the big session's events come out whole and in
+    /// order (or trimmed, never cut or duplicated).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_an_event_larger_than_the_whole_bound_does_not_wedge_the_log() {
+        for durability in [Durability::Fsync, Durability::Relaxed] {
+            let total: u64 = 16 << 20;
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), durability, total);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            let big = log
+                .create(SessionId::random(), Facade::Legacy, None, None)
+                .await
+                .unwrap();
+            let small = log
+                .create(SessionId::random(), Facade::Legacy, None, None)
+                .await
+                .unwrap();
+            let mut want_big = Vec::new();
+            for i in 1..=4u64 {
+                let size = if i % 2 == 1 { 20 * MIB } else { 9 * MIB };
+                let p = payload(0, i, size);
+                want_big.push(p.clone());
+                let l = log.clone();
+                let b = big.clone();
+                within(&format!("{durability:?} big {i}"), 60, async move {
+                    l.append_many_nowait(&b, vec![ev(&p)]).await.unwrap()
+                })
+                .await;
+                // The small session's waited appends go through after it.
+                for k in 0..20u64 {
+                    let q = payload(1, i * 100 + k, 30_000);
+                    within(
+                        &format!("{durability:?} small append after big {i}"),
+                        60,
+                        log.append(&small, ev(&q)),
+                    )
+                    .await
+                    .expect("small append");
+                }
+            }
+            within(&format!("{durability:?} flush"), 60, log.flush())
+                .await
+                .unwrap();
+            let got = messages(&log, &big);
+            eprintln!(
+                "{durability:?}: big session reads back seqs {:?}; {} MiB live, {} MiB files",
+                got.iter().map(|e| e.seq).collect::<Vec<_>>(),
+                log.total_bytes() >> 20,
+                log.disk_bytes() >> 20
+            );
+            assert!(!big.failed() && !small.failed());
+            check(&format!("{durability:?} big"), &got, &want_big, true);
+            log.close().await.unwrap();
+        }
+    }
+
+    /// The window of a session that logged many small events then events past the queue bound:
+    /// at most `WINDOW_EVENTS` events, and past `WINDOW_BYTES` only one (the newest). Events by
+    /// value: a reader that changes its copy changes nobody else's.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_window_stays_bounded_and_copies_are_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = cfg(dir.path(), Durability::Relaxed, 1 << 34);
+        let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+        let sl = log
+            .create(SessionId::random(), Facade::Legacy, None, None)
+            .await
+            .unwrap();
+        let window = |sl: &SessionLog| {
+            let st = sl.lock();
+            let sum: usize = st.window.iter().map(|e| e.payload.len()).sum();
+            assert_eq!(sum, st.window_bytes, "window_bytes is the window's bytes");
+            (st.window.len(), st.window_bytes)
+        };
+        let mut i = 1;
+        for _ in 0..50 {
+            let mut b = log.batch();
+            for _ in 0..20 {
+                b.push(ev(&payload(0, i, 300)));
+                i += 1;
+            }
+            log.append_many_nowait(&sl, b).await.unwrap();
+        }
+        log.flush().await.unwrap();
+        let (n, bytes) = window(&sl);
+        assert!(
+            n <= WINDOW_EVENTS && bytes <= WINDOW_BYTES,
+            "{n} events, {bytes} bytes"
+        );
+        for size in [9 * MIB, 20 * MIB, 100, 100] {
+            log.append(&sl, ev(&payload(0, i, size))).await.unwrap();
+            i += 1;
+            let (n, bytes) = window(&sl);
+            assert!(
+                n <= WINDOW_EVENTS && (bytes <= WINDOW_BYTES || n == 1),
+                "after a {size}-byte event: {n} events, {bytes} bytes"
+            );
+        }
+        let head = i - 1;
+        let mut a = log.read_after(&sl, head - 2, 10).await.unwrap();
+        let b = log.read_after(&sl, head - 2, 10).await.unwrap();
+        assert_eq!(a.len(), 2);
+        let orig = a[0].payload.clone();
+        a[0].payload = Bytes::from_static(b"changed");
+        a[0].seq = 999;
+        let c2 = log.read_after(&sl, head - 2, 10).await.unwrap();
+        assert_eq!(b[0].payload, orig);
+        assert_eq!(c2[0].payload, orig);
+        assert_eq!(c2[0].seq, head - 1);
+        log.close().await.unwrap();
+    }
+
+    /// 2 MiB turns where they were 8 MiB (a 256 MiB bound: 8 MiB segments, turns of 2 MiB, not
+    /// 32 MiB / 8): 16 sessions flood small events past three times the bound; the files stay
+    /// within 1.5 × the bound + 4 segments (compaction keeps pace with turns a sixteenth of a
+    /// segment), and every session reads back an in-order tail ending at its last event.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_a_small_event_flood_keeps_the_disk_bound_with_2_mib_turns() {
+        for durability in [Durability::Relaxed, Durability::Fsync] {
+            let total: u64 = 256 << 20;
+            let dir = tempfile::tempdir().unwrap();
+            let c = cfg(dir.path(), durability, total);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            let stop = Arc::new(AtomicBool::new(false));
+            let sampler = sample_disk(log.clone(), dir.path().to_path_buf(), stop.clone());
+            let t0 = Instant::now();
+            let f = within(
+                &format!("{durability:?} producers"),
+                400,
+                flood_of(log.clone(), 16, 0, 280, Vec::new()),
+            )
+            .await;
+            within(&format!("{durability:?} flush"), 120, f.log.flush())
+                .await
+                .unwrap();
+            stop.store(true, Ordering::Relaxed);
+            let (own, files) = sampler.await.unwrap();
+            let bound = total + total / 2 + 4 * seg_size(total);
+            let appended: usize = f.want.iter().flatten().map(|b| b.len()).sum();
+            eprintln!(
+                "{durability:?}: {} MiB appended in {:?}; peak files {} MiB (own count {} MiB), \
+                 bound {} MiB; now {} MiB live, {} MiB files",
+                appended >> 20,
+                t0.elapsed(),
+                files >> 20,
+                own >> 20,
+                bound >> 20,
+                f.log.total_bytes() >> 20,
+                f.log.disk_bytes() >> 20
+            );
+            assert!(appended as u64 > 2 * total, "the flood passes the bound");
+            for (s, sl) in f.sls.iter().enumerate() {
+                assert!(!sl.failed(), "{durability:?} s{s} failed");
+                check(
+                    &format!("{durability:?} s{s}"),
+                    &messages(&f.log, sl),
+                    &f.want[s],
+                    true,
+                );
+            }
+            assert!(
+                own.max(files) <= bound,
+                "{durability:?}: files peaked at {} bytes, past {bound}",
+                own.max(files)
+            );
+            f.log.close().await.unwrap();
+        }
+    }
+
+    /// The events of `got` are the first ones of `want`, each once, in order.
+    fn check_prefix(name: &str, got: &[Event], want: &[Bytes]) {
+        assert!(got.len() <= want.len(), "{name}: more read than appended");
+        check(name, got, &want[..got.len()], false);
+    }
+
+    /// A full disk (a 64 MiB tmpfs, all but 10 MiB taken by a ballast file) under a flood of small
+    /// events and events past the queue bound (9, 20 MiB): the log degrades; a second wave of
+    /// sessions floods big and small events while it is degraded; the ballast goes 1.5 s later,
+    /// the log heals, and then every producer finishes, the flush returns, sessions whose write
+    /// failed read back a prefix of theirs, the others all of theirs, and a new session logs a
+    /// 20 MiB event. Root only (a tmpfs mount).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn adv19_big_events_on_a_full_disk_heal_without_a_hang() {
+        let root = std::fs::read_to_string("/proc/self/status")
+            .map(|s| s.lines().any(|l| l.starts_with("Uid:\t0\t")))
+            .unwrap_or(false);
+        if !root {
+            eprintln!("skipped: needs root for a tmpfs");
+            return;
+        }
+        for durability in [Durability::Fsync, Durability::Relaxed] {
+            let outer = tempfile::tempdir().unwrap();
+            let mnt = outer.path().join("mnt");
+            std::fs::create_dir(&mnt).unwrap();
+            let st = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+                .arg(&mnt)
+                .status()
+                .unwrap();
+            assert!(st.success(), "mount");
+            struct Unmount(std::path::PathBuf);
+            impl Drop for Unmount {
+                fn drop(&mut self) {
+                    let _ = std::process::Command::new("umount")
+                        .arg("-l")
+                        .arg(&self.0)
+                        .status();
+                }
+            }
+            let _unmount = Unmount(mnt.clone());
+            let data = mnt.join("data");
+            let c = cfg(&data, durability, 256 << 20);
+            let (log, _, _) = Log::open(&c, Metrics::new()).await.expect("open");
+            let _failures = log.take_failures().unwrap();
+            // Ballast: everything but 10 MiB.
+            let ballast = mnt.join("ballast");
+            {
+                use std::io::Write;
+                let mut f = std::fs::File::create(&ballast).unwrap();
+                let block = vec![7u8; 1 << 20];
+                while f.write_all(&block).is_ok() {}
+                let len = f.metadata().unwrap().len();
+                f.set_len(len.saturating_sub(10 << 20)).unwrap();
+            }
+            // A second wave, created now, appends only once the log is degraded: its appends
+            // are held (not failed), its big events wait for every permit.
+            let mut wave2 = Vec::new();
+            for _ in 0..6 {
+                wave2.push(
+                    log.create(SessionId::random(), Facade::Legacy, None, None)
+                        .await
+                        .unwrap(),
+                );
+            }
+            let mut health = log.health();
+            let log2 = log.clone();
+            let healer = tokio::spawn(async move {
+                let t = Instant::now();
+                let degraded = tokio::time::timeout(
+                    Duration::from_secs(60),
+                    health.wait_for(|h| *h != Health::Ok),
+                )
+                .await
+                .map(|r| r.map(|h| *h));
+                let w = wave2.clone();
+                let sizes = vec![QUEUE_BYTES + 1, 9 * MIB, 100, 20 * MIB];
+                let l = log2.clone();
+                let second = tokio::spawn(async move { run_flood(&l, &w, 2, 40, sizes).await });
+                tokio::time::sleep(Duration::from_millis(1500)).await;
+                let held = log2.store.queued.available_permits();
+                std::fs::remove_file(&ballast).unwrap();
+                let want2 = within("second wave", 120, second).await.unwrap();
+                (degraded, t.elapsed(), held, wave2, want2)
+            });
+            let sizes = vec![9 * MIB, 100, 20 * MIB, 9 * MIB, QUEUE_BYTES + 1];
+            let f = within(
+                &format!("{durability:?} producers"),
+                120,
+                flood_of(log.clone(), 12, 2, 60, sizes),
+            )
+            .await;
+            let (degraded, after, free_permits, wave2, want2) = healer.await.unwrap();
+            eprintln!(
+                "{durability:?}: health left Ok after {after:?}: {degraded:?}; \
+                 {free_permits} of {QUEUE_BYTES} queue permits free before healing"
+            );
+            let _ = within(&format!("{durability:?} flush"), 60, f.log.flush()).await;
+            let mut health = f.log.health();
+            within(
+                &format!("{durability:?} healthy again"),
+                30,
+                health.wait_for(|h| *h == Health::Ok),
+            )
+            .await
+            .unwrap();
+            let mut failed = 0;
+            for (s, sl) in f.sls.iter().enumerate() {
+                let got = messages(&f.log, sl);
+                if sl.failed() {
+                    failed += 1;
+                    check_prefix(&format!("{durability:?} failed s{s}"), &got, &f.want[s]);
+                } else {
+                    check(&format!("{durability:?} s{s}"), &got, &f.want[s], false);
+                }
+            }
+            eprintln!("{durability:?}: {failed} of 12 sessions failed by the full disk");
+            // A degraded log still tries each write (`throttled` holds appends only over the
+            // throttle): wave 2's sessions fail while the disk is full, like wave 1's.
+            let mut failed2 = 0;
+            for (s, sl) in wave2.iter().enumerate() {
+                let got = messages(&f.log, sl);
+                if sl.failed() {
+                    failed2 += 1;
+                    check_prefix(
+                        &format!("{durability:?} failed wave 2 s{s}"),
+                        &got,
+                        &want2[s],
+                    );
+                } else {
+                    check(
+                        &format!("{durability:?} wave 2 s{s}"),
+                        &got,
+                        &want2[s],
+                        false,
+                    );
+                }
+            }
+            eprintln!("{durability:?}: {failed2} of 6 wave 2 sessions failed");
+            let sl = f
+                .log
+                .create(SessionId::random(), Facade::Legacy, None, None)
+                .await
+                .unwrap();
+            let p = payload(99, 1, 20 * MIB);
+            within(
+                &format!("{durability:?} big append after healing"),
+                60,
+                f.log.append(&sl, ev(&p)),
+            )
+            .await
+            .unwrap();
+            check(
+                &format!("{durability:?} after healing"),
+                &messages(&f.log, &sl),
+                &[p],
+                false,
+            );
+            within("close", 60, f.log.close()).await.unwrap();
+        }
+    }
+}
