@@ -19,23 +19,30 @@ use tokio::sync::{mpsc, watch};
 
 use crate::domain::Facade;
 use crate::log::cursor::{Cursor, MAX_EVENT_ID_LEN};
-use crate::log::{Event, Kind, Log, SessionLog, StreamTag};
+use crate::log::{Event, Kind, Log, SessionLog, StreamTag, READ_BYTES};
 use crate::metrics::Metrics;
 use crate::session::Attachment;
 use crate::sse::encode;
 
 /// `retry` (ms) sent with priming events: how long a polled client waits before reconnecting.
 pub const PRIMING_RETRY_MS: u64 = 1000;
-/// Events read from the log per turn.
+/// Events read from the log per turn at most: fewer when they are large, so that a turn reads
+/// about [`READ_BYTES`] (see `deliver`).
 const READ_BATCH: usize = 256;
-/// Packs of frames buffered between the cursor task and the connection (with [`PACK_BYTES`],
-/// about 128 KiB at most for a client that stopped reading).
+/// Packs of frames buffered between the cursor task and the connection, and the bytes they hold
+/// at most ([`crate::queue`]: one pack always fits, however large): a client that stopped
+/// reading holds this much here, or one pack of a single large event. Counted in packs alone,
+/// eight packs of one 4 MiB event each were 32 MiB per stalled client (`tests/adversary19.rs`).
 const CHANNEL_FRAMES: usize = 8;
+const CHANNEL_BYTES: usize = CHANNEL_FRAMES * PACK_BYTES;
 /// A pack of consecutive frames is handed to the connection once it holds this many bytes.
 const PACK_BYTES: usize = 16 * 1024;
 /// Bytes of an event's frame besides its payload's (`id:`, `event: message`, `data:` and line
 /// ends), when the payload is one line.
 const FRAME_OVERHEAD: usize = 4 + MAX_EVENT_ID_LEN + 1 + 15 + 6 + 1 + 1;
+
+/// The sending half of a cursor stream's frames.
+type Tx = crate::queue::Tx<Bytes>;
 
 /// Which events of the session log a stream delivers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,8 +107,8 @@ impl std::fmt::Debug for SseBody {
     }
 }
 
-/// Where a stream's frames come from: a log cursor (its packs bounded by `PACK_BYTES`), or a
-/// queue bounded in bytes (the 2026-07-28 face's streams).
+/// Where a stream's frames come from: a queue bounded in bytes (a log cursor's packs, the
+/// 2026-07-28 face's streams), or a channel (another replica's stream, relayed).
 enum Frames {
     Cursor(mpsc::Receiver<Bytes>),
     Queue(crate::queue::Rx<Bytes>),
@@ -168,10 +175,10 @@ impl Body for SseBody {
 pub fn spawn(spec: StreamSpec, env: StreamEnv) -> SseBody {
     let gauge = env.metrics.client_streams(spec.facade);
     gauge.inc();
-    let (tx, rx) = mpsc::channel(CHANNEL_FRAMES);
+    let (tx, rx) = crate::queue::bounded(CHANNEL_FRAMES, CHANNEL_BYTES);
     tokio::spawn(run(spec, env, tx));
     SseBody {
-        rx: Frames::Cursor(rx),
+        rx: Frames::Queue(rx),
         _gauge: GaugeGuard(gauge),
         _hold: None,
     }
@@ -191,7 +198,7 @@ enum End {
     Removed,
 }
 
-async fn run(mut spec: StreamSpec, mut env: StreamEnv, tx: mpsc::Sender<Bytes>) {
+async fn run(mut spec: StreamSpec, mut env: StreamEnv, tx: Tx) {
     let end = deliver(&mut spec, &mut env, &tx).await;
     match end {
         End::Gap { wanted, got } => {
@@ -204,7 +211,7 @@ async fn run(mut spec: StreamSpec, mut env: StreamEnv, tx: mpsc::Sender<Bytes>) 
     }
 }
 
-async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<Bytes>) -> End {
+async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
     let mut kicked = spec.attachment.as_ref().map(|a| a.kicked.clone());
     let mut head_rx = spec.log.subscribe();
     let mut keepalive = tokio::time::interval(env.keepalive);
@@ -214,14 +221,16 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
         Filter::Post { stream, responses } => (stream, Some(responses)),
     };
 
+    let mut max = READ_BATCH;
     for frame in std::mem::take(&mut spec.preamble) {
-        if tx.send(frame).await.is_err() {
+        let len = frame.len();
+        if tx.send(frame, len).await.is_err() {
             return End::ClientGone;
         }
     }
     loop {
         head_rx.borrow_and_update();
-        let batch = match env.log.read_after(&spec.log, spec.after, READ_BATCH).await {
+        let batch = match env.log.read_batch(&spec.log, spec.after, max).await {
             Ok(b) => b,
             Err(e) => {
                 tracing::error!(session = %spec.log.tag, error = %e, "log read failed");
@@ -256,7 +265,9 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
                 // The head moved: read again.
                 r = head_rx.changed() => if r.is_err() { return End::Store },
                 _ = keepalive.tick() => {
-                    if tx.send(encode::comment("keepalive")).await.is_err() {
+                    let ping = encode::comment("keepalive");
+                    let len = ping.len();
+                    if tx.send(ping, len).await.is_err() {
                         return End::ClientGone;
                     }
                 }
@@ -267,6 +278,10 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &mpsc::Sender<B
             }
             continue;
         }
+        // The next read asks for about `READ_BYTES` of events the size of these: the local log
+        // stops there by itself, the shared log reads as many events as asked.
+        let bytes: usize = batch.iter().map(|e| e.payload.len()).sum();
+        max = (READ_BYTES as usize / (bytes / batch.len()).max(1)).clamp(1, READ_BATCH);
         if batch[0].seq != spec.after + 1 {
             return End::Gap {
                 wanted: spec.after + 1,
@@ -346,7 +361,7 @@ impl Pack {
     /// Sends the pack (if any) and counts its events as delivered.
     async fn send(
         &mut self,
-        tx: &mpsc::Sender<Bytes>,
+        tx: &Tx,
         spec: &StreamSpec,
         env: &mut StreamEnv,
         kicked: &mut Option<watch::Receiver<bool>>,
@@ -356,12 +371,13 @@ impl Pack {
             return Ok(());
         }
         let frames = Bytes::from(std::mem::take(&mut self.buf));
+        let len = frames.len();
         // Sending waits while the client is slow; a takeover or a drain must still end it.
         // A send that can complete goes first, so a drain cuts only a client that is not
         // keeping up, never one that is.
         tokio::select! {
             biased;
-            r = tx.send(frames) => if r.is_err() { return Err(End::ClientGone) },
+            r = tx.send(frames, len) => if r.is_err() { return Err(End::ClientGone) },
             _ = wait_true(kicked) => return Err(End::Kicked),
             _ = drain_started(&mut env.drain) => return Err(End::Drain),
         }

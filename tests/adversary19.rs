@@ -287,27 +287,31 @@ async fn adv19_sixteen_sessions_on_a_slow_disk_keep_rss_flat() {
     );
 }
 
-/// A client stream that stopped reading holds up to `CHANNEL_FRAMES` (8) packs between its
-/// cursor task and the connection, and the cursor task its read batch besides; src/stream.rs says
-/// "about 128 KiB at most for a client that stopped reading", which holds only while events are
-/// smaller than `PACK_BYTES` (16 KiB): an event larger than a pack goes alone, so a stalled
-/// client holds about 8 events whatever their size. Sixteen sessions of 3.9 MiB events (under
-/// the default `upstream.max_event_bytes`, 4 MiB), clients connected and reading nothing, disk not
-/// throttled (`relaxed`): the peak should stay within the queue, a turn and its encoding, and per
-/// session its window (one event), one upstream read (4 MiB) and ~1 MiB of stream, + `SLACK`.
-/// Pre-existing, not the log's queue: one session of 12 MiB events on a 4 MiB/s disk, its client
-/// connected and reading nothing, grows ~12 MiB per logged event (266 MiB at 45 s, fsync) and as
-/// much on f81e5e4 before both commits under review (314 MiB); with the client gone it stays at
-/// ~122 MiB (`adv19_events_past_the_queue_on_a_slow_disk_stay_within_the_bound`). Measured here: 16
-/// stalled clients peaked at 995 MiB in 20 s (still growing) against a bound of base + 204 MiB.
+/// A client stream that stopped reading held up to `CHANNEL_FRAMES` (8) packs between its
+/// cursor task and the connection, counted in packs, and the cursor task a read batch of up to
+/// 256 events besides, of any size: src/stream.rs said "about 128 KiB at most for a client that
+/// stopped reading", which held only while events were smaller than a pack (16 KiB). Sixteen
+/// sessions of 3.9 MiB events (under the default `upstream.max_event_bytes`, 4 MiB), clients
+/// connected and reading nothing, disk not throttled (`relaxed`): found by the adversary of
+/// round 9 at 995 MiB after 20 s and still growing. Now the channel is bounded in bytes (one pack
+/// always fits) and a stream's read stops after about `READ_BYTES` (1 MiB) or one large event,
+/// so a stalled stream holds about four events: the one read, its frame waiting for room, the
+/// frame queued, and the frame the connection is writing. The bound: the writer's queue, a turn
+/// and its encoding, and per session its window (one event), the upstream read of the next event
+/// (a buffer grown to its size, and its own copy once whole: 2 × 4 MiB), those four frames and
+/// two 4 MiB chunks the allocator keeps (freed large chunks stay in glibc's arenas), + `SLACK`.
+/// Measured (debug build, 2 cores): +507, +526 and +564 MiB, flat from about the 8th second,
+/// against a bound of +636 MiB. And flat: the old code was still growing at the 20th second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: a stalled legacy client stream holds 8 frames of any size (src/stream.rs CHANNEL_FRAMES), ~32 MiB per client at the default max_event_bytes"]
-async fn adv19_a_stalled_client_of_big_events_holds_eight_of_them() {
+async fn adv19_a_stalled_client_of_big_events_holds_a_few_of_them() {
     const SESSIONS: u64 = 16;
     const SIZE: u64 = 4_000_000;
     let (base, peak, samples, logged) =
         flood_on_a_slow_disk(true, "relaxed", SESSIONS as usize, 40, SIZE, 0, 20, &[]).await;
-    let bound = 8 * MIB + 2 * 2 * MIB + SESSIONS * (4 * MIB + 4 * MIB + MIB) + SLACK;
+    let bound = 8 * MIB
+        + 2 * 2 * MIB
+        + SESSIONS * (4 * MIB + 2 * 4 * MIB + 4 * 4 * MIB + 2 * 4 * MIB)
+        + SLACK;
     report(
         "16 stalled clients, 3.9 MiB events, disk not throttled",
         base,
@@ -322,5 +326,13 @@ async fn adv19_a_stalled_client_of_big_events_holds_eight_of_them() {
         peak >> 20,
         base >> 20,
         bound >> 20
+    );
+    // Flat once every stream has stalled: what grows with time is a queue without a bound.
+    let (mid, end) = (samples[9], *samples.last().unwrap());
+    assert!(
+        end <= mid + 64 * MIB,
+        "RSS grew from {} MiB at 10 s to {} MiB at 20 s",
+        mid >> 20,
+        end >> 20
     );
 }

@@ -58,7 +58,7 @@ pub use event::{unix_now, Event, Kind, NewEvent, SessionMeta, StreamTag};
 use image::Image;
 use segment::DirLock;
 use store::*;
-pub(crate) use store::{new_session_log, read_after, Op, Store};
+pub(crate) use store::{new_session_log, read_after, Op, Store, READ_BYTES};
 pub use store::{Health, Interrupted, Recovery, SessionLog};
 
 /// Largest event payload the log takes: its record must stay within what a read accepts
@@ -527,6 +527,21 @@ impl Log {
         match &self.shared {
             Some((sh, _, _)) => shared::read_after(sh, sl, after, max).await,
             None => read_after(sl, after, max),
+        }
+    }
+
+    /// [`Log::read_after`] for a client stream: from the segments, no more chunks once
+    /// [`store::READ_BYTES`] of payload are read (a stream of large events, or one whose client
+    /// stopped reading, holds about that much, not `max` events of any size); fewer events than
+    /// `max` are then no sign of the head. The shared log reads `max` events (the stream asks for
+    /// fewer when they are large).
+    ///
+    /// # Errors
+    /// As [`Log::read_after`].
+    pub async fn read_batch(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Event>> {
+        match &self.shared {
+            Some((sh, _, _)) => shared::read_after(sh, sl, after, max).await,
+            None => store::read_after_within(sl, after, max, store::READ_BYTES),
         }
     }
 

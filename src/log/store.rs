@@ -25,6 +25,10 @@ pub(super) const COMPACT_SLICE: usize = 1024 * 1024;
 pub(super) const WINDOW_EVENTS: usize = 128;
 /// Payload bytes kept in memory per session window.
 pub(super) const WINDOW_BYTES: usize = 512 * 1024;
+/// Payload bytes a client stream's read takes from the segments at most, besides its first
+/// chunk (which may be one large event): a stream of large events, or one whose client stopped
+/// reading, holds about this much, not a batch of events of any size ([`Log::read_batch`]).
+pub(crate) const READ_BYTES: u64 = 1 << 20;
 /// Payload bytes that may wait in the writer's channel: producers wait beyond it (an event larger
 /// than this waits until the channel is empty, then goes alone).
 ///
@@ -878,6 +882,17 @@ pub(crate) fn window_read(sl: &SessionLog, after: u64, max: usize) -> Option<Vec
 
 /// See [`Log::read_after`] (the simulator reads without a handle).
 pub(crate) fn read_after(sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Event>> {
+    read_after_within(sl, after, max, u64::MAX)
+}
+
+/// [`read_after`], reading no more chunks from the segments once `max_bytes` of payload are
+/// read (at least one chunk, which may be one large event); see [`Log::read_batch`].
+pub(crate) fn read_after_within(
+    sl: &SessionLog,
+    after: u64,
+    max: usize,
+    max_bytes: u64,
+) -> Result<Vec<Event>> {
     let (chunks, oldest): (Vec<Chunk>, u64) = {
         let st = sl.lock();
         let head = st.ranges.head;
@@ -894,16 +909,18 @@ pub(crate) fn read_after(sl: &SessionLog, after: u64, max: usize) -> Result<Vec<
         let Some(i) = st.chunk_index(want) else {
             return Ok(Vec::new());
         };
-        // Enough chunks to cover `max` events (the chunks share nothing with the writer once
-        // cloned: a segment stays readable while a reader holds it).
-        let mut n = 0u64;
+        // Enough chunks to cover `max` events, and no more once `max_bytes` of payload are
+        // taken (the chunks share nothing with the writer once cloned: a segment stays readable
+        // while a reader holds it).
+        let (mut n, mut bytes) = (0u64, 0u64);
         let chunks = st
             .chunks
             .iter()
             .skip(i)
             .take_while(|c| {
-                let take = n < max as u64;
+                let take = n < max as u64 && (n == 0 || bytes < max_bytes);
                 n += c.end() - want.max(c.first);
+                bytes += c.payload;
                 take
             })
             .cloned()
