@@ -40,9 +40,7 @@ pub(super) struct Envelope<'a> {
 /// ask serde.
 pub(super) fn scan(bytes: &[u8]) -> Option<Envelope<'_>> {
     // One pass that vectorises tells what the strings need checking for.
-    let (lo, hi) = bytes
-        .iter()
-        .fold((u8::MAX, 0u8), |(lo, hi), &b| (lo.min(b), hi.max(b)));
+    let (lo, hi) = lowest_and_highest(bytes);
     // Not UTF-8: serde's, which does not check the strings it skips. Once the whole message is
     // UTF-8, so is every string in it.
     if hi >= 0x80 && std::str::from_utf8(bytes).is_err() {
@@ -382,6 +380,29 @@ impl<'a> Scanner<'a> {
             .starts_with(word)
             .then(|| self.i += word.len())
     }
+}
+
+/// The lowest and the highest byte of `b` (`u8::MAX` and 0 when it is empty), in lanes of 32
+/// that compile to vector minimum and maximum (a fold over the bytes did not vectorise: it was
+/// a fifth of the scan's instructions).
+fn lowest_and_highest(b: &[u8]) -> (u8, u8) {
+    const LANES: usize = 32;
+    let (mut lo, mut hi) = ([u8::MAX; LANES], [0u8; LANES]);
+    let mut chunks = b.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for i in 0..LANES {
+            lo[i] = lo[i].min(chunk[i]);
+            hi[i] = hi[i].max(chunk[i]);
+        }
+    }
+    for &x in chunks.remainder() {
+        lo[0] = lo[0].min(x);
+        hi[0] = hi[0].max(x);
+    }
+    (
+        lo.iter().copied().min().unwrap_or(u8::MAX),
+        hi.iter().copied().max().unwrap_or(0),
+    )
 }
 
 // Eight bytes at a time in a `u64` (SWAR): for each byte the high bit says whether it is one

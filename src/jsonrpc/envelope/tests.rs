@@ -804,3 +804,30 @@ proptest! {
         prop_assert_eq!(peek(&bytes), serde);
     }
 }
+
+/// The lane-wise lowest and highest byte agree with a plain fold for every length around the
+/// lanes' width and a control byte or a high byte at every position.
+#[test]
+fn lowest_and_highest_bytes_as_a_fold_finds_them() {
+    let fold = |b: &[u8]| {
+        b.iter()
+            .fold((u8::MAX, 0u8), |(lo, hi), &x| (lo.min(x), hi.max(x)))
+    };
+    for len in 0..100 {
+        for at in 0..len {
+            for special in [0x00, 0x1f, 0x20, 0x7f, 0x80, 0xff] {
+                let mut b = vec![b'a'; len];
+                b[at] = special;
+                assert_eq!(
+                    super::lowest_and_highest(&b),
+                    fold(&b),
+                    "{len} {at} {special}"
+                );
+            }
+        }
+        assert_eq!(
+            super::lowest_and_highest(&vec![b'q'; len]),
+            fold(&vec![b'q'; len])
+        );
+    }
+}
