@@ -93,6 +93,21 @@ impl<T> Tx<T> {
     pub async fn closed(&self) {
         self.tx.closed().await
     }
+
+    /// Whether the receiver is gone.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+impl<T> Drop for Rx<T> {
+    /// A receiver gone gives no room back for what it did not take: its room is closed instead,
+    /// so that a send waiting for it (or any later one) fails at once, as a send on a channel
+    /// whose receiver is gone does. Without it a stream whose client left while the queue was
+    /// full waited forever, holding its session (`tests/adversary19b.rs`).
+    fn drop(&mut self) {
+        self.room.close();
+    }
 }
 
 impl<T> Rx<T> {
@@ -118,6 +133,28 @@ impl<T> Rx<T> {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A receiver dropped while the byte bound is full fails the send waiting for room, and
+    /// every later one, at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_send_waiting_for_room_fails_once_the_receiver_is_gone() {
+        let (tx, rx) = bounded::<u32>(8, 4096);
+        tx.send(1, 4096).await.unwrap();
+        let waiting = tokio::spawn({
+            let tx = tx.clone();
+            async move { tx.send(2, 1024).await }
+        });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiting.is_finished(), "the bound is full: the send waits");
+        drop(rx);
+        let r = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the waiting send ends")
+            .unwrap();
+        assert_eq!(r, Err(2));
+        assert_eq!(tx.send(3, 1).await, Err(3));
+        assert_eq!(tx.try_send(4, 1), Err(4));
+    }
 
     /// A send waits while the unread items hold the byte bound, and goes through once the reader
     /// takes one; one item larger than the bound still passes alone.

@@ -265,9 +265,12 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
                 // The head moved: read again.
                 r = head_rx.changed() => if r.is_err() { return End::Store },
                 _ = keepalive.tick() => {
+                    // Only when there is room: a queue full of frames the client has not read
+                    // needs no ping, and waiting for room here would not see a takeover or a
+                    // drain (`Pack::send` does).
                     let ping = encode::comment("keepalive");
                     let len = ping.len();
-                    if tx.send(ping, len).await.is_err() {
+                    if tx.try_send(ping, len).is_err() && tx.is_closed() {
                         return End::ClientGone;
                     }
                 }
