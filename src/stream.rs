@@ -15,7 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use prometheus::IntGauge;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::domain::Facade;
 use crate::log::cursor::{Cursor, MAX_EVENT_ID_LEN};
@@ -92,9 +92,10 @@ pub struct StreamEnv {
     pub drain: watch::Receiver<bool>,
 }
 
-/// The response body of a client SSE stream: frames from the cursor task.
+/// The response body of a client SSE stream: frames from a queue bounded in bytes (a log
+/// cursor's packs, the 2026-07-28 face's streams, another replica's stream relayed).
 pub struct SseBody {
-    rx: Frames,
+    rx: crate::queue::Rx<Bytes>,
     _gauge: GaugeGuard,
     /// What the stream holds while it lives (its caller's slot of
     /// `listen.max_connections_per_identity`).
@@ -105,13 +106,6 @@ impl std::fmt::Debug for SseBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SseBody").finish_non_exhaustive()
     }
-}
-
-/// Where a stream's frames come from: a queue bounded in bytes (a log cursor's packs, the
-/// 2026-07-28 face's streams), or a channel (another replica's stream, relayed).
-enum Frames {
-    Cursor(mpsc::Receiver<Bytes>),
-    Queue(crate::queue::Rx<Bytes>),
 }
 
 struct GaugeGuard(IntGauge);
@@ -128,18 +122,7 @@ impl SseBody {
     pub fn from_queue(rx: crate::queue::Rx<Bytes>, gauge: IntGauge) -> Self {
         gauge.inc();
         Self {
-            rx: Frames::Queue(rx),
-            _gauge: GaugeGuard(gauge),
-            _hold: None,
-        }
-    }
-
-    /// A stream whose frames come from `rx` (another replica's stream, relayed), counted in
-    /// `gauge` while it lives.
-    pub fn relay(rx: mpsc::Receiver<Bytes>, gauge: IntGauge) -> SseBody {
-        gauge.inc();
-        SseBody {
-            rx: Frames::Cursor(rx),
+            rx,
             _gauge: GaugeGuard(gauge),
             _hold: None,
         }
@@ -159,11 +142,7 @@ impl Body for SseBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        let next = match &mut self.rx {
-            Frames::Cursor(rx) => rx.poll_recv(cx),
-            Frames::Queue(rx) => rx.poll_recv(cx),
-        };
-        next.map(|o| o.map(|b| Ok(Frame::data(b))))
+        self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -178,7 +157,7 @@ pub fn spawn(spec: StreamSpec, env: StreamEnv) -> SseBody {
     let (tx, rx) = crate::queue::bounded(CHANNEL_FRAMES, CHANNEL_BYTES);
     tokio::spawn(run(spec, env, tx));
     SseBody {
-        rx: Frames::Queue(rx),
+        rx,
         _gauge: GaugeGuard(gauge),
         _hold: None,
     }

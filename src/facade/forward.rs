@@ -285,6 +285,11 @@ impl Forwarder {
     }
 }
 
+/// Frames of a relayed SSE stream held between the owner's connection and the client's, and the
+/// bytes they hold at most (one frame always fits).
+const RELAY_FRAMES: usize = 16;
+const RELAY_BYTES: usize = 256 << 10;
+
 /// The owner's answer, relayed: its status and the headers a client needs, its body whole (a
 /// JSON answer) or streamed (an SSE stream, frame by frame, as long as it lasts).
 async fn relay(resp: Response<Incoming>, metrics: &Metrics) -> Resp {
@@ -294,19 +299,22 @@ async fn relay(resp: Response<Incoming>, metrics: &Metrics) -> Resp {
         .get(http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
     let mut out = if sse {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        // Bounded in bytes as a local stream's frames are (a frame of one large event counts for
+        // its size, not for one of 16).
+        let (tx, rx) = crate::queue::bounded::<Bytes>(RELAY_FRAMES, RELAY_BYTES);
         tokio::spawn(async move {
             let mut body = body;
             while let Some(frame) = body.frame().await {
                 let Ok(frame) = frame else { break };
                 if let Ok(data) = frame.into_data() {
-                    if tx.send(data).await.is_err() {
+                    let len = data.len();
+                    if tx.send(data, len).await.is_err() {
                         break;
                     }
                 }
             }
         });
-        Response::new(Either::Right(crate::stream::SseBody::relay(
+        Response::new(Either::Right(crate::stream::SseBody::from_queue(
             rx,
             metrics.client_streams(crate::domain::Facade::Streamable),
         )))
