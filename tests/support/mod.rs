@@ -11,6 +11,7 @@
 pub mod modern;
 pub mod redis;
 pub mod security;
+pub mod slow_disk;
 pub mod sse;
 pub mod streamable;
 
