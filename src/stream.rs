@@ -118,7 +118,8 @@ impl Drop for GaugeGuard {
 
 impl SseBody {
     /// A body whose frames come from `rx` (streams that are not log cursors: the 2026-07-28
-    /// face's request and listen streams). `gauge` counts it while it lives.
+    /// face's request and listen streams, another replica's stream relayed). `gauge` counts it
+    /// while it lives.
     pub fn from_queue(rx: crate::queue::Rx<Bytes>, gauge: IntGauge) -> Self {
         gauge.inc();
         Self {
