@@ -9,31 +9,13 @@ mod support;
 
 use std::time::Duration;
 
-use support::slow_disk::SlowDisk;
+use support::slow_disk::{reset_peak, status_kib, SlowDisk};
 use support::*;
 
 /// Allowed above what the bounds account for (runtime, hyper, allocator arenas), as
 /// `tests/memory.rs`'s `SLACK`.
 const SLACK: u64 = 48 << 20;
 const MIB: u64 = 1 << 20;
-
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = s
-        .lines()
-        .find(|l| l.starts_with(field))
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kib * 1024
-}
-
-fn reset_peak(pid: u32) {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-}
 
 /// Floods `sessions` legacy sessions with `count` events of `size` bytes on a disk throttled to
 /// `bps` (0: not throttled), their clients `connected` and reading nothing or gone once the flood

@@ -17,7 +17,7 @@ mod support;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::slow_disk::SlowDisk;
+use support::slow_disk::{reset_peak, status_kib, SlowDisk};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -28,26 +28,6 @@ const BODY: usize = 4 * 1024 * 1024 - 4096;
 const CONCURRENT: usize = 8;
 /// Allowed above 4× the bytes in flight (see the module docs).
 const SLACK: u64 = 48 << 20;
-
-/// A `/proc/<pid>/status` field in bytes (`VmHWM`, `VmRSS`).
-fn status_kib(pid: u32, field: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = s
-        .lines()
-        .find(|l| l.starts_with(field))
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
-    let kib: u64 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|v| v.parse().ok())
-        .unwrap();
-    kib * 1024
-}
-
-/// Resets the peak (`VmHWM`) to the current RSS (Linux ≥ 4.0).
-fn reset_peak(pid: u32) {
-    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
-}
 
 /// `inner` repeated to fill the body: `prefix` + items joined by `,` + `suffix`, `BODY` bytes.
 fn fill(prefix: &str, item: &str, sep: &str, suffix: &str) -> Vec<u8> {

@@ -1,4 +1,4 @@
-//! A data dir on a slow device (`tests/memory.rs`, `tests/adversary19.rs`).
+//! A data dir on a slow device, and the proxy's RSS (`tests/memory.rs`, `tests/adversary19.rs`).
 
 /// A data dir on a slow device: an ext4 image on a loop device whose writes are throttled to
 /// `bps` bytes per second by the block layer. Unthrottled, unmounted and detached on drop.
@@ -82,4 +82,24 @@ impl Drop for SlowDisk {
             .args(["-d", &self.dev])
             .status();
     }
+}
+
+/// A `/proc/<pid>/status` field in bytes (`VmHWM`, `VmRSS`).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = s
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// Resets the peak (`VmHWM`) to the current RSS (Linux ≥ 4.0).
+pub fn reset_peak(pid: u32) {
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
 }
