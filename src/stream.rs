@@ -261,8 +261,8 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
             }
             continue;
         }
-        // The next read asks for about `READ_BYTES` of events the size of these: the local log
-        // stops there by itself, the shared log reads as many events as asked.
+        // The next read asks for about `READ_BYTES` of events the size of these (both logs also
+        // stop at about `READ_BYTES` by themselves, whatever is asked).
         let bytes: usize = batch.iter().map(|e| e.payload.len()).sum();
         max = (READ_BYTES as usize / (bytes / batch.len()).max(1)).clamp(1, READ_BATCH);
         if batch[0].seq != spec.after + 1 {

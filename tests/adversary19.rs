@@ -247,3 +247,86 @@ async fn adv19_a_stalled_client_of_big_events_holds_a_few_of_them() {
         end >> 20
     );
 }
+
+/// With `log.backend = "redis"`, a stream reads from Redis what its session's window no longer
+/// holds, and its first read (a resume's) asked for up to 256 events of any size: eight sessions
+/// of 24 events of 3.9 MiB each, logged with their clients gone, then each resumed from its
+/// start by a client that reads nothing. Now `Shared::read_within` stops at about `READ_BYTES`
+/// (1 MiB) or one large entry, in what Redis sends and in what the stream keeps. The bound: per
+/// session, the read's reply and its parsed events (2 × (1 MiB + one event)), the four frames of
+/// a stalled stream and two 4 MiB chunks the allocator keeps, + `SLACK`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adv19_resumes_of_big_events_on_redis_read_a_few_of_them() {
+    use mcp_resume_proxy::demo::upstream::{Upstream, UpstreamOptions};
+    use serde_json::json;
+    use support::redis::{Persist, RedisServer};
+    const SESSIONS: u64 = 8;
+    const COUNT: u64 = 24;
+    const SIZE: u64 = 4_000_000;
+    let redis = RedisServer::start(Persist::None).await;
+    let up = Upstream::spawn(UpstreamOptions::default()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("url = \"{}\"", redis.url());
+    let extra = [
+        ("[log]", "backend = \"redis\"\ndurability = \"relaxed\""),
+        ("[log.redis]", url.as_str()),
+    ];
+    let mut proxy = ProxyProc::start(&up.sse_url(), &dir.path().join("data"), &extra).await;
+    let pid = proxy.proc.pid();
+    let metrics = proxy.metrics_url();
+    let logged_before = metric(&metrics, "mcp_resume_events_logged_total").await;
+    let mut starts = Vec::new();
+    for _ in 0..SESSIONS {
+        let (sse, url, id) = legacy_session(&proxy.base()).await;
+        let flood = call(
+            2,
+            "emit",
+            json!({"count": COUNT, "rate_per_sec": 0, "size": SIZE}),
+            None,
+        );
+        assert_eq!(post(&url, &flood).await.0, 202);
+        drop(sse);
+        starts.push(id);
+    }
+    let want = (SESSIONS * (COUNT + 2)) as f64;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while metric(&metrics, "mcp_resume_events_logged_total").await - logged_before < want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the floods never reached Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    reset_peak(pid);
+    let base = status_kib(pid, "VmRSS");
+    let mut resumed = Vec::new();
+    for id in &starts {
+        let (sse, err) = Sse::get(&format!("{}/sse", proxy.base()), &[("last-event-id", id)]).await;
+        assert!(err.is_none(), "resume refused: {} {err:?}", sse.status);
+        resumed.push(sse);
+    }
+    let mut samples = Vec::new();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        samples.push(status_kib(pid, "VmRSS"));
+    }
+    let peak = status_kib(pid, "VmHWM");
+    proxy.proc.kill();
+    drop(resumed);
+    let bound = SESSIONS * (2 * (MIB + 4 * MIB) + 4 * 4 * MIB + 2 * 4 * MIB) + SLACK;
+    report(
+        "8 stalled resumes of 24 × 3.9 MiB events, on Redis",
+        base,
+        peak,
+        bound,
+        &samples,
+        want,
+    );
+    assert!(
+        peak <= base + bound,
+        "peak RSS {} MiB over base {} MiB + {} MiB",
+        peak >> 20,
+        base >> 20,
+        bound >> 20
+    );
+}

@@ -974,3 +974,113 @@ async fn a_turns_appends_go_together_and_each_is_fenced_on_its_own() {
         assert_eq!(got.last().map(|e| e.seq), Some(heads[i]));
     }
 }
+
+/// A client stream's read (`read_within`, what `Log::read_batch` asks of the shared log) holds
+/// about its byte budget, not `max` events of any size: after 300 small events, 40 of 256 KiB
+/// (each its own entry) come back four at a time within 1 MiB, on a single Redis (no Lua) and on
+/// a Cluster (the script); 256 small events fit whole; and paging with the budget reads exactly
+/// every event once, in order. The unbudgeted read still returns all 40.
+#[tokio::test]
+async fn a_read_within_a_byte_budget_holds_about_that_much() {
+    const BUDGET: u64 = 1 << 20;
+    let r = RedisServer::start(Persist::None).await;
+    let c = RedisCluster::start().await;
+    let single = Shared::connect(&r.url(), PREFIX).await.unwrap();
+    let cluster = Shared::connect(&c.url(0), PREFIX).await.unwrap();
+    assert!(!single.is_cluster() && cluster.is_cluster());
+    let big = |i: u64| {
+        let mut body = format!("{i}:").into_bytes();
+        body.resize(256 << 10, b'x');
+        NewEvent::new(StreamTag::STANDALONE, Kind::Message, Bytes::from(body))
+    };
+    let nodes = [vec![r.url()], (0..3).map(|i| c.url(i)).collect()];
+    for (s, urls) in [&single, &cluster].into_iter().zip(&nodes) {
+        let id = new_session(s, "a/1").await;
+        let me = owner("a/1", 1);
+        let mut want: Vec<Bytes> = Vec::new();
+        let small: Vec<NewEvent> = (1..=300).map(msg).collect();
+        let large: Vec<NewEvent> = (301..=340).map(big).collect();
+        let mut head = 0;
+        for (t, evs) in [small, large].iter().enumerate() {
+            want.extend(evs.iter().map(|e| e.payload.clone()));
+            head = s
+                .append(&id, &me, head, &format!("t{t}"), evs, None)
+                .await
+                .unwrap()
+                .unwrap();
+        }
+        assert_eq!(head, 340);
+
+        let (_, first) = s.read_within(&id, 0, 256, BUDGET).await.unwrap().unwrap();
+        assert_eq!(
+            first.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            (1..=256).collect::<Vec<_>>(),
+            "small events are not cut"
+        );
+        let sent = net_out(urls).await;
+        let (_, four) = s.read_within(&id, 300, 256, BUDGET).await.unwrap().unwrap();
+        let sent = net_out(urls).await - sent;
+        // What Redis sent for it: about the budget and one entry (never the 10 MiB after 300).
+        assert!(
+            sent < BUDGET + (512 << 10),
+            "Redis sent {sent} bytes for a read within {BUDGET} (cluster: {})",
+            s.is_cluster()
+        );
+        assert_eq!(
+            four.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            (301..=304).collect::<Vec<_>>(),
+            "four events of 256 KiB reach 1 MiB"
+        );
+        let (_, all) = s.read(&id, 300, 256).await.unwrap().unwrap();
+        assert_eq!(all.len(), 40, "without a budget, every event asked for");
+
+        let mut got = Vec::new();
+        let mut after = 0;
+        loop {
+            let (_, page) = s
+                .read_within(&id, after, 256, BUDGET)
+                .await
+                .unwrap()
+                .unwrap();
+            let Some(last) = page.last() else { break };
+            let bytes: u64 = page.iter().map(|e| e.payload.len() as u64).sum();
+            let last_len = last.payload.len() as u64;
+            assert!(
+                bytes - last_len < BUDGET,
+                "a page ends once it reaches the budget: {bytes} bytes in {}",
+                page.len()
+            );
+            after = last.seq;
+            got.extend(page);
+        }
+        assert_eq!(
+            got.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            (1..=340).collect::<Vec<_>>()
+        );
+        assert!(got.iter().map(|e| &e.payload).eq(want.iter()));
+    }
+}
+
+/// The bytes the Redis nodes at `urls` have sent their clients (`INFO stats`), this call's own
+/// reply counted before it is sent.
+async fn net_out(urls: &[String]) -> u64 {
+    let mut total = 0;
+    for url in urls {
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        total += info
+            .lines()
+            .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("INFO stats has total_net_output_bytes");
+    }
+    total
+}

@@ -525,22 +525,22 @@ impl Log {
     /// [`Error::Store`] when a segment cannot be read or holds something else than expected.
     pub async fn read_after(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Event>> {
         match &self.shared {
-            Some((sh, _, _)) => shared::read_after(sh, sl, after, max).await,
+            Some((sh, _, _)) => shared::read_after(sh, sl, after, max, u64::MAX).await,
             None => read_after(sl, after, max),
         }
     }
 
-    /// [`Log::read_after`] for a client stream: from the segments, no more chunks once
-    /// [`store::READ_BYTES`] of payload are read (a stream of large events, or one whose client
-    /// stopped reading, holds about that much, not `max` events of any size); fewer events than
-    /// `max` are then no sign of the head. The shared log reads `max` events (the stream asks for
-    /// fewer when they are large).
+    /// [`Log::read_after`] for a client stream: from the segments or the shared log, no more
+    /// chunks or entries once [`store::READ_BYTES`] of payload are read (a stream of large
+    /// events, or one whose client stopped reading, holds about that much, not `max` events of
+    /// any size); fewer events than `max` are then no sign of the head. The in-memory window is
+    /// read as asked (its events are shared, not copied).
     ///
     /// # Errors
     /// As [`Log::read_after`].
     pub async fn read_batch(&self, sl: &SessionLog, after: u64, max: usize) -> Result<Vec<Event>> {
         match &self.shared {
-            Some((sh, _, _)) => shared::read_after(sh, sl, after, max).await,
+            Some((sh, _, _)) => shared::read_after(sh, sl, after, max, store::READ_BYTES).await,
             None => store::read_after_within(sl, after, max, store::READ_BYTES),
         }
     }

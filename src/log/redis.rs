@@ -391,10 +391,10 @@ redis.call('SPUBLISH', KEYS[5], e .. ':' .. string.format('%d', head))
 return {'OK', e, string.format('%d', head), string.format('%d', aborted)}
 "#;
 
-/// `read` (read-only). KEYS: record, stream. ARGV: after, count. The record's fields, the oldest
-/// retained seq (`''`: none), then the entries holding the events after seq `after`, up to the
-/// head, until they hold `count` events (the first may start before `after`, the last may hold
-/// more than asked: the caller cuts).
+/// `read` (read-only). KEYS: record, stream. ARGV: after, count, bytes (optional). The record's
+/// fields, the oldest retained seq (`''`: none), then the entries holding the events after seq
+/// `after`, up to the head, until they hold `count` events or their values `bytes` (the first
+/// may start before `after`, the last may hold more than asked: the caller cuts).
 const READ: &str = r#"
 local m = redis.call('HMGET', KEYS[1], 'owner', 'epoch', 'head', 'state', 'ep', 'meta', 'end_reason', 'lo')
 if not m[1] then return {} end
@@ -412,12 +412,18 @@ local function count(e)
   end
   return 1
 end
+local function size(e)
+  local f, s = e[2], 0
+  for i = 2, #f, 2 do s = s + #f[i] end
+  return s
+end
 local evs = {}
 local after = tonumber(ARGV[1])
 local max = tonumber(ARGV[2])
+local budget = tonumber(ARGV[3]) or math.huge
 if after < tonumber(m[3]) then
   local start = string.format('%d-0', after + 1)
-  local got = 0
+  local got, bytes = 0, 0
   -- The chunk that holds `after + 1` may start before it.
   local prev = redis.call('XREVRANGE', KEYS[2], start, '-', 'COUNT', 1)
   if prev[1] then
@@ -425,17 +431,19 @@ if after < tonumber(m[3]) then
     if last > after then
       evs[1] = prev[1]
       got = last - after
+      bytes = size(prev[1])
     end
     start = '(' .. prev[1][1]
   end
   local stop = m[3] .. '-0'
-  while got < max do
+  while got < max and bytes < budget do
     local page = redis.call('XRANGE', KEYS[2], start, stop, 'COUNT', 16)
     for _, e in ipairs(page) do
       evs[#evs + 1] = e
       got = got + count(e)
+      bytes = bytes + size(e)
       start = '(' .. e[1]
-      if got >= max then break end
+      if got >= max or bytes >= budget then break end
     end
     if #page < 16 then break end
   end
@@ -614,6 +622,10 @@ pub struct Shared {
     timer: Option<prometheus::HistogramVec>,
     /// Events per stream entry in the last read: how many entries a read of `max` asks for.
     per_entry: AtomicUsize,
+    /// The largest stream entry of the last read: how many entries a read of `max_bytes` asks
+    /// for (the largest, not the mean: a read of a few large entries among small ones would
+    /// otherwise ask for more of them than fit).
+    largest_entry: AtomicUsize,
 }
 
 impl std::fmt::Debug for Shared {
@@ -668,6 +680,7 @@ impl Shared {
             scripts: Scripts::new(),
             timer: None,
             per_entry: AtomicUsize::new(1),
+            largest_entry: AtomicUsize::new(1),
         })
     }
 
@@ -1423,16 +1436,33 @@ impl Shared {
         after: u64,
         max: usize,
     ) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
+        self.read_within(id, after, max, u64::MAX).await
+    }
+
+    /// [`Shared::read`], reading no more stream entries once their values reach `max_bytes`, and
+    /// returning no more events once their payloads do (at least one entry and one event, which
+    /// may be one large event). A reply holds about `max_bytes` plus one chunk, not `max`
+    /// events of any size; fewer events than `max` are then no sign of the head. Only a read
+    /// whose events grew since the last read (of any session) takes more: its first page holds
+    /// at most 16 entries.
+    pub async fn read_within(
+        &self,
+        id: &SessionId,
+        after: u64,
+        max: usize,
+        max_bytes: u64,
+    ) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
         let _t = self.time("read");
+        let max_bytes = max_bytes.max(1);
         let k = self.keys(id);
         let plain = if self.is_cluster() {
             None
         } else {
-            self.read_plain(&k, after, max).await?
+            self.read_plain(&k, after, max, max_bytes).await?
         };
         let v: Value = match plain {
             Some(v) => v,
-            None => self.read_scripted(&k, after, max).await?,
+            None => self.read_scripted(&k, after, max, max_bytes).await?,
         };
         let Some((rec, mut evs)) = parse_read(v)? else {
             return Ok(None);
@@ -1449,7 +1479,16 @@ impl Shared {
             .zip(evs.first().map_or(0, |e| e.seq)..)
             .take_while(|(e, want)| e.seq == *want)
             .count();
-        evs.truncate(run.min(max.max(1)));
+        let mut bytes = 0u64;
+        let within = evs
+            .iter()
+            .take_while(|e| {
+                let take = bytes < max_bytes;
+                bytes += e.payload.len() as u64;
+                take
+            })
+            .count();
+        evs.truncate(run.min(max.max(1)).min(within.max(1)));
         Ok(Some((rec, evs)))
     }
 
@@ -1467,6 +1506,7 @@ impl Shared {
         k: &Keys,
         after: u64,
         max: usize,
+        max_bytes: u64,
     ) -> Result<Option<Value>, SharedError> {
         let mut tx = redis::pipe();
         tx.atomic();
@@ -1482,8 +1522,10 @@ impl Shared {
         ]);
         let ranged = after < u64::MAX;
         let at = format!("{}-0", after.saturating_add(1));
+        let by_bytes = max_bytes.div_ceil(self.largest_entry.load(Ordering::Relaxed).max(1) as u64);
         let count = max
             .div_ceil(self.per_entry.load(Ordering::Relaxed).max(1))
+            .min(usize::try_from(by_bytes).unwrap_or(usize::MAX))
             .clamp(1, 16);
         if ranged {
             tx.cmd("XREVRANGE")
@@ -1551,16 +1593,45 @@ impl Shared {
             let mut more = full && skip + kept == entries.len();
             entries.truncate(skip + kept);
             entries.drain(..skip);
-            let per = ((next - (after + 1)) as usize).div_ceil(kept).max(1);
+            // No more entries than hold `max_bytes` (the last one reaches it).
+            let (mut bytes, mut largest) = (0u64, 0u64);
+            let within = entries
+                .iter()
+                .take_while(|e| {
+                    let take = bytes < max_bytes;
+                    if take {
+                        let b = entry_bytes(e);
+                        bytes += b;
+                        largest = largest.max(b);
+                    }
+                    take
+                })
+                .count();
+            if within < entries.len() {
+                entries.truncate(within);
+                next = entries
+                    .last()
+                    .and_then(entry_span)
+                    .map_or(next, |(f, n)| f + n);
+                more = false;
+            }
+            let per = ((next - (after + 1)) as usize)
+                .div_ceil(entries.len())
+                .max(1);
             self.per_entry.store(per, Ordering::Relaxed);
-            // Up to `max` events, as the script pages: further pages (up to the head) while the
-            // last was full, each kept only as far as it goes on without a hole.
-            while more && next <= head {
+
+            // Up to `max` events and `max_bytes`, as the script pages: further pages (up to the
+            // head) while the last was full, each kept only as far as it goes on without a hole.
+            while more && next <= head && bytes < max_bytes {
                 let got = next - (after + 1);
                 if got >= max as u64 {
                     break;
                 }
-                let want = (max - got as usize).div_ceil(per).clamp(1, 16);
+                let by_bytes = (max_bytes - bytes).div_ceil(largest.max(1));
+                let want = (max - got as usize)
+                    .div_ceil(per)
+                    .min(usize::try_from(by_bytes).unwrap_or(usize::MAX))
+                    .clamp(1, 16);
                 let page: Vec<Value> = redis::cmd("XRANGE")
                     .arg(&k.stream)
                     .arg(format!("{next}-0"))
@@ -1574,9 +1645,20 @@ impl Shared {
                 if skip > 0 {
                     break;
                 }
-                entries.extend(page.into_iter().take(kept));
-                next = to;
+                for e in page.into_iter().take(kept) {
+                    if bytes >= max_bytes {
+                        more = false;
+                        break;
+                    }
+                    let b = entry_bytes(&e);
+                    bytes += b;
+                    largest = largest.max(b);
+                    next = entry_span(&e).map_or(to, |(f, n)| f + n);
+                    entries.push(e);
+                }
             }
+            let largest = usize::try_from(largest).unwrap_or(usize::MAX);
+            self.largest_entry.store(largest.max(1), Ordering::Relaxed);
         }
         let mut items: Vec<Value> = fields
             .into_iter()
@@ -1590,7 +1672,13 @@ impl Shared {
     }
 
     /// `read` as the script (a Cluster, a record of the earlier form).
-    async fn read_scripted(&self, k: &Keys, after: u64, max: usize) -> Result<Value, SharedError> {
+    async fn read_scripted(
+        &self,
+        k: &Keys,
+        after: u64,
+        max: usize,
+        max_bytes: u64,
+    ) -> Result<Value, SharedError> {
         Ok(self
             .scripts
             .read
@@ -1598,6 +1686,7 @@ impl Shared {
             .key(&k.stream)
             .arg(after)
             .arg(max.max(1))
+            .arg(max_bytes)
             .invoke_async(&mut self.conn.clone())
             .await?)
     }
@@ -1611,6 +1700,25 @@ fn entry_id(e: Option<&Value>) -> Option<String> {
             _ => None,
         },
         _ => None,
+    }
+}
+
+/// The bytes of a stream entry's values (its chunk, and its count and tags).
+fn entry_bytes(e: &Value) -> u64 {
+    match e {
+        Value::Array(parts) => match parts.get(1) {
+            Some(Value::Array(f)) => f
+                .iter()
+                .skip(1)
+                .step_by(2)
+                .map(|v| match v {
+                    Value::BulkString(b) => b.len() as u64,
+                    _ => 0,
+                })
+                .sum(),
+            _ => 0,
+        },
+        _ => 0,
     }
 }
 

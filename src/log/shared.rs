@@ -346,11 +346,12 @@ pub(crate) async fn read_after(
     sl: &SessionLog,
     after: u64,
     max: usize,
+    max_bytes: u64,
 ) -> Result<Vec<Event>> {
     if let Some(evs) = window_read(sl, after, max) {
         return Ok(evs);
     }
-    match sh.shared.read(&sl.id, after, max).await {
+    match sh.shared.read_within(&sl.id, after, max, max_bytes).await {
         Ok(Some((_, evs))) => {
             let head = sl.head();
             Ok(evs
