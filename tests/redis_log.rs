@@ -9,7 +9,7 @@ mod support;
 
 use bytes::Bytes;
 use mcp_resume_proxy::log::cursor::{check_resume, Cursor, Refusal, SessionId};
-use mcp_resume_proxy::log::redis::{Fence, Refused, Shared};
+use mcp_resume_proxy::log::redis::{Fence, ReadHint, Refused, Shared};
 use mcp_resume_proxy::log::{Event, Kind, NewEvent, StreamTag};
 use serde_json::Value;
 use support::redis::{Persist, RedisCluster, RedisServer};
@@ -1010,15 +1010,25 @@ async fn a_read_within_a_byte_budget_holds_about_that_much() {
                 .unwrap();
         }
         assert_eq!(head, 340);
+        // The session's own hint, as its `SessionLog` keeps it.
+        let own = ReadHint::default();
 
-        let (_, first) = s.read_within(&id, 0, 256, BUDGET).await.unwrap().unwrap();
+        let (_, first) = s
+            .read_within(&id, 0, 256, BUDGET, &own)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(
             first.iter().map(|e| e.seq).collect::<Vec<_>>(),
             (1..=256).collect::<Vec<_>>(),
             "small events are not cut"
         );
         let sent = net_out(urls).await;
-        let (_, four) = s.read_within(&id, 300, 256, BUDGET).await.unwrap().unwrap();
+        let (_, four) = s
+            .read_within(&id, 300, 256, BUDGET, &own)
+            .await
+            .unwrap()
+            .unwrap();
         let sent = net_out(urls).await - sent;
         // What Redis sent for it: about the budget and one entry (never the 10 MiB after 300).
         assert!(
@@ -1038,7 +1048,7 @@ async fn a_read_within_a_byte_budget_holds_about_that_much() {
         let mut after = 0;
         loop {
             let (_, page) = s
-                .read_within(&id, after, 256, BUDGET)
+                .read_within(&id, after, 256, BUDGET, &own)
                 .await
                 .unwrap()
                 .unwrap();

@@ -566,7 +566,8 @@ async fn owed(
     let mut cur = after;
     let mut messages = 0;
     while cur < head {
-        let batch = log.read_after(sl, cur, 256).await?;
+        // Within a byte budget: a resume of large events holds about 1 MiB here, not 256 of them.
+        let batch = log.read_batch(sl, cur, 256).await?;
         let Some(last) = batch.last() else { break };
         cur = last.seq;
         for ev in batch.iter().filter(|e| e.seq <= head && e.stream == tag) {

@@ -620,11 +620,16 @@ pub struct Shared {
     scripts: Scripts,
     /// Times each round trip by op (`mcp_resume_redis_seconds`), once set.
     timer: Option<prometheus::HistogramVec>,
-    /// Events per stream entry in the last read: how many entries a read of `max` asks for.
+}
+
+/// What the last read of one session's entries saw ([`Shared::read_within`]): how many entries
+/// the next read's first page asks for. Kept per session: a read sized from another session's
+/// small entries would fetch sixteen of this one's large ones.
+#[derive(Debug, Default)]
+pub struct ReadHint {
+    /// Events per entry (0: not read yet).
     per_entry: AtomicUsize,
-    /// The largest stream entry of the last read: how many entries a read of `max_bytes` asks
-    /// for (the largest, not the mean: a read of a few large entries among small ones would
-    /// otherwise ask for more of them than fit).
+    /// The largest entry's bytes (0: not read yet; a budgeted first read then asks for one).
     largest_entry: AtomicUsize,
 }
 
@@ -679,8 +684,6 @@ impl Shared {
             prefix: prefix.to_string(),
             scripts: Scripts::new(),
             timer: None,
-            per_entry: AtomicUsize::new(1),
-            largest_entry: AtomicUsize::new(1),
         })
     }
 
@@ -1436,21 +1439,24 @@ impl Shared {
         after: u64,
         max: usize,
     ) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
-        self.read_within(id, after, max, u64::MAX).await
+        self.read_within(id, after, max, u64::MAX, &ReadHint::default())
+            .await
     }
 
     /// [`Shared::read`], reading no more stream entries once their values reach `max_bytes`, and
     /// returning no more events once their payloads do (at least one entry and one event, which
     /// may be one large event). A reply holds about `max_bytes` plus one chunk, not `max`
-    /// events of any size; fewer events than `max` are then no sign of the head. Only a read
-    /// whose events grew since the last read (of any session) takes more: its first page holds
-    /// at most 16 entries.
+    /// events of any size; fewer events than `max` are then no sign of the head. `hint` is the
+    /// session's own ([`ReadHint`]): a first read asks for one entry past the cursor's, then
+    /// pages sized from what it has seen. Only a read whose entries grew since the session's
+    /// last read takes more: its first page holds at most 16 entries.
     pub async fn read_within(
         &self,
         id: &SessionId,
         after: u64,
         max: usize,
         max_bytes: u64,
+        hint: &ReadHint,
     ) -> Result<Option<(Record, Vec<Event>)>, SharedError> {
         let _t = self.time("read");
         let max_bytes = max_bytes.max(1);
@@ -1458,7 +1464,7 @@ impl Shared {
         let plain = if self.is_cluster() {
             None
         } else {
-            self.read_plain(&k, after, max, max_bytes).await?
+            self.read_plain(&k, after, max, max_bytes, hint).await?
         };
         let v: Value = match plain {
             Some(v) => v,
@@ -1507,6 +1513,7 @@ impl Shared {
         after: u64,
         max: usize,
         max_bytes: u64,
+        hint: &ReadHint,
     ) -> Result<Option<Value>, SharedError> {
         let mut tx = redis::pipe();
         tx.atomic();
@@ -1522,9 +1529,13 @@ impl Shared {
         ]);
         let ranged = after < u64::MAX;
         let at = format!("{}-0", after.saturating_add(1));
-        let by_bytes = max_bytes.div_ceil(self.largest_entry.load(Ordering::Relaxed).max(1) as u64);
+        let by_bytes = match hint.largest_entry.load(Ordering::Relaxed) {
+            _ if max_bytes == u64::MAX => u64::MAX,
+            0 => 1,
+            largest => max_bytes.div_ceil(largest as u64),
+        };
         let count = max
-            .div_ceil(self.per_entry.load(Ordering::Relaxed).max(1))
+            .div_ceil(hint.per_entry.load(Ordering::Relaxed).max(1))
             .min(usize::try_from(by_bytes).unwrap_or(usize::MAX))
             .clamp(1, 16);
         if ranged {
@@ -1618,7 +1629,7 @@ impl Shared {
             let per = ((next - (after + 1)) as usize)
                 .div_ceil(entries.len())
                 .max(1);
-            self.per_entry.store(per, Ordering::Relaxed);
+            hint.per_entry.store(per, Ordering::Relaxed);
 
             // Up to `max` events and `max_bytes`, as the script pages: further pages (up to the
             // head) while the last was full, each kept only as far as it goes on without a hole.
@@ -1658,7 +1669,7 @@ impl Shared {
                 }
             }
             let largest = usize::try_from(largest).unwrap_or(usize::MAX);
-            self.largest_entry.store(largest.max(1), Ordering::Relaxed);
+            hint.largest_entry.store(largest.max(1), Ordering::Relaxed);
         }
         let mut items: Vec<Value> = fields
             .into_iter()

@@ -351,7 +351,11 @@ pub(crate) async fn read_after(
     if let Some(evs) = window_read(sl, after, max) {
         return Ok(evs);
     }
-    match sh.shared.read_within(&sl.id, after, max, max_bytes).await {
+    match sh
+        .shared
+        .read_within(&sl.id, after, max, max_bytes, &sl.shared_read)
+        .await
+    {
         Ok(Some((_, evs))) => {
             let head = sl.head();
             Ok(evs

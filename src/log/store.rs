@@ -171,6 +171,9 @@ pub struct SessionLog {
     pub facade: Facade,
     pub(super) state: Mutex<LogState>,
     pub(super) head_tx: watch::Sender<u64>,
+    /// What its last read of the shared log saw (how the next one pages; unused on the local
+    /// log).
+    pub(super) shared_read: super::redis::ReadHint,
 }
 
 impl std::fmt::Debug for SessionLog {
@@ -207,6 +210,7 @@ impl SessionLog {
                 failed: false,
             }),
             head_tx,
+            shared_read: Default::default(),
         }
     }
 
