@@ -276,6 +276,7 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
         // or a busy live stream spends its time on. Events are counted as delivered (metrics,
         // attachment position) once the pack holding them has been handed to the connection.
         let mut pack = Pack::default();
+        let session_hex = spec.log.id.hex();
         let mut left: usize = batch.iter().map(|e| FRAME_OVERHEAD + e.payload.len()).sum();
         for ev in batch {
             spec.after = ev.seq;
@@ -295,7 +296,7 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
                 pack.buf.reserve(room);
             }
             left = left.saturating_sub(FRAME_OVERHEAD + ev.payload.len());
-            write_frame(&mut pack.buf, &spec.log, &ev);
+            write_frame(&mut pack.buf, &session_hex, &ev);
             pack.last = ev.seq;
             if ev.kind != Kind::Priming {
                 pack.delivered += 1;
@@ -398,21 +399,21 @@ async fn wait_true(rx: &mut Option<watch::Receiver<bool>>) {
 /// The SSE frame of a logged event (I5: only logged events carry an id).
 pub fn frame_of(log: &SessionLog, ev: &Event) -> Bytes {
     let mut out = Vec::new();
-    write_frame(&mut out, log, ev);
+    write_frame(&mut out, &log.id.hex(), ev);
     Bytes::from(out)
 }
 
-/// Appends the SSE frame of a logged event to `out`; the id is built on the stack.
-pub fn write_frame(out: &mut Vec<u8>, log: &SessionLog, ev: &Event) {
-    let cursor = Cursor {
-        session: log.id,
-        epoch: ev.epoch,
-        seq: ev.seq,
-    };
+/// Appends the SSE frame of a logged event of the session whose id is `session_hex` to `out`;
+/// the id is built on the stack.
+pub fn write_frame(out: &mut Vec<u8>, session_hex: &[u8; 32], ev: &Event) {
     let mut buf = [0u8; MAX_EVENT_ID_LEN];
-    let id = cursor.write_to(&mut buf);
+    let id = Cursor::write_id(session_hex, ev.epoch, ev.seq, &mut buf);
     match ev.kind {
-        Kind::Priming => encode::priming_into(out, id, Some(PRIMING_RETRY_MS)),
-        _ => encode::event_into(out, Some(id), Some("message"), &ev.payload),
+        Kind::Priming => encode::priming_into(
+            out,
+            std::str::from_utf8(id).expect("event ids are ASCII"),
+            Some(PRIMING_RETRY_MS),
+        ),
+        _ => encode::message_into(out, id, &ev.payload),
     };
 }

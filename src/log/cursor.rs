@@ -106,9 +106,23 @@ impl Cursor {
     /// Writes the id into `buf` without allocating and returns it. Every delivered event gets
     /// its id built here, so this avoids the formatter machinery.
     pub fn write_to<'b>(&self, buf: &'b mut [u8; MAX_EVENT_ID_LEN]) -> &'b str {
-        buf[..32].copy_from_slice(&self.session.hex());
+        let id = Self::write_id(&self.session.hex(), self.epoch, self.seq, buf);
+        std::str::from_utf8(id).expect("event ids are ASCII")
+    }
+
+    /// The bytes of the id of event `epoch`/`seq` of the session whose id is `session_hex`
+    /// ([`SessionId::hex`]), written into `buf`: what [`Cursor::write_to`] writes, for a caller
+    /// that writes many ids of one session (a client stream: the hex once per read, no UTF-8
+    /// check per id; they are ASCII by construction).
+    pub fn write_id<'b>(
+        session_hex: &[u8; 32],
+        epoch: u32,
+        seq: u64,
+        buf: &'b mut [u8; MAX_EVENT_ID_LEN],
+    ) -> &'b [u8] {
+        buf[..32].copy_from_slice(session_hex);
         let mut n = 32;
-        for v in [u64::from(self.epoch), self.seq] {
+        for v in [u64::from(epoch), seq] {
             buf[n] = b':';
             n += 1;
             let mut digits = [0u8; 20];
@@ -126,7 +140,7 @@ impl Cursor {
             buf[n..n + d.len()].copy_from_slice(d);
             n += d.len();
         }
-        std::str::from_utf8(&buf[..n]).expect("event ids are ASCII")
+        &buf[..n]
     }
 }
 

@@ -69,6 +69,31 @@ fn push_data(out: &mut Vec<u8>, line: &[u8]) {
     out.push(b'\n');
 }
 
+/// `id: {id}\nevent: message\n` and the `data:` lines of `data` (as [`event_into`] writes them),
+/// for an id the proxy built ([`crate::log::cursor::Cursor::write_id`]: hex digits and colons, no
+/// line break to replace, so neither it nor the event type is searched for one). Every event a
+/// client stream delivers is framed here.
+pub fn message_into(out: &mut Vec<u8>, id: &[u8], data: &[u8]) -> usize {
+    debug_assert!(find_eol(id).is_none(), "a built id has no line break");
+    if find_eol(data).is_some() {
+        return event_into(
+            out,
+            Some(std::str::from_utf8(id).expect("a built id is ASCII")),
+            Some("message"),
+            data,
+        );
+    }
+    let size = ID.len() + id.len() + 1 + MESSAGE.len() + DATA.len() + data.len() + 2;
+    reserve(out, size);
+    out.extend_from_slice(ID);
+    out.extend_from_slice(id);
+    out.extend_from_slice(MESSAGE);
+    out.extend_from_slice(DATA);
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\n\n");
+    size
+}
+
 /// Priming event: `id: {id}\n` then `retry: {ms}\n` if Some, then `data: \n\n`.
 ///
 /// Gives the client a resumption point (and optionally a reconnect delay)
@@ -109,6 +134,8 @@ pub fn comment(text: &str) -> Bytes {
 
 const ID: &[u8] = b"id: ";
 const EVENT: &[u8] = b"event: ";
+/// The line ending an id and the event type of a message ([`message_into`]).
+const MESSAGE: &[u8] = b"\nevent: message\n";
 const DATA: &[u8] = b"data: ";
 const RETRY: &[u8] = b"retry: ";
 const COMMENT: &[u8] = b": ";
@@ -326,6 +353,22 @@ mod tests {
                 id: id.as_deref().map(one_line),
                 retry: None,
             });
+        }
+
+        /// The delivery path's frame is byte for byte the general one, packed after other
+        /// frames or alone, one line or many.
+        #[test]
+        fn prop_message_into_is_event_into(
+            id in "[0-9a-f]{32}:[0-9]{1,10}:[0-9]{1,20}",
+            data in prop::collection::vec(
+                prop_oneof![Just(b'\r'), Just(b'\n'), any::<u8>()], 0..200),
+            before in prop::collection::vec(any::<u8>(), 0..3),
+        ) {
+            let (mut fast, mut general) = (before.clone(), before);
+            let n = message_into(&mut fast, id.as_bytes(), &data);
+            let m = event_into(&mut general, Some(&id), Some("message"), &data);
+            prop_assert_eq!(n, m);
+            prop_assert_eq!(fast, general);
         }
 
         #[test]
