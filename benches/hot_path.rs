@@ -4,11 +4,15 @@
 //!   payloads, the end-to-end benchmark's size): each event pushed into the chunk value (sized
 //!   once for the run of events, as the writer does), then the chunk framed as a record with
 //!   its CRC into the turn's buffer;
-//! - `frame_build/pack_256`: a client stream's pack of the same 256 events: each event's id
-//!   written on the stack and its SSE frame (`id:`, `event: message`, one `data:` line) appended
-//!   to one buffer reserved for the pack;
+//! - `frame_build/pack_256`: a client stream's pack of the same 256 events: the session's hex
+//!   once per pack, each event's id written on the stack (`Cursor::write_id`) and its SSE frame
+//!   (`id:`, `event: message`, one `data:` line; `encode::message_into`) appended to one buffer
+//!   reserved for the pack;
 //! - `frame_build/pack_256_multiline`: the same with payloads holding line breaks (split into one
-//!   `data:` line each), the slow path.
+//!   `data:` line each), the slow path;
+//! - `frame_build/pack_256_general`: the same pack by the general path it replaced (the id as a
+//!   checked `&str` with its hex per event, `encode::event_into` searching the id and the event
+//!   type for line breaks).
 //!
 //! Run: `cargo bench --bench hot_path` (about 20 seconds).
 
@@ -64,21 +68,33 @@ fn record_build(c: &mut Criterion) {
 fn frame_build(c: &mut Criterion) {
     let mut group = c.benchmark_group("frame_build");
     group.throughput(Throughput::Elements(EVENTS as u64));
-    for (name, multiline) in [("pack_256", false), ("pack_256_multiline", true)] {
+    for (name, multiline, general) in [
+        ("pack_256", false, false),
+        ("pack_256_multiline", true, false),
+        ("pack_256_general", false, true),
+    ] {
         let events: Vec<Bytes> = (0..EVENTS).map(|_| payload(multiline)).collect();
         let total: usize = events.iter().map(|e| e.len() + 100).sum();
+        let session = SessionId([7; 16]);
         group.bench_function(name, |b| {
             b.iter(|| {
                 let mut pack = Vec::with_capacity(total);
+                let hex = session.hex();
                 for (i, p) in events.iter().enumerate() {
-                    let cursor = Cursor {
-                        session: SessionId([7; 16]),
-                        epoch: 1,
-                        seq: 1_000 + i as u64,
-                    };
+                    let seq = 1_000 + i as u64;
                     let mut id = [0u8; MAX_EVENT_ID_LEN];
-                    let id = cursor.write_to(&mut id);
-                    encode::event_into(&mut pack, Some(id), Some("message"), p);
+                    if general {
+                        let cursor = Cursor {
+                            session,
+                            epoch: 1,
+                            seq,
+                        };
+                        let id = cursor.write_to(&mut id);
+                        encode::event_into(&mut pack, Some(id), Some("message"), p);
+                    } else {
+                        let id = Cursor::write_id(&hex, 1, seq, &mut id);
+                        encode::message_into(&mut pack, id, p);
+                    }
                 }
                 black_box(pack.len())
             })
