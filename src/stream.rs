@@ -37,6 +37,10 @@ const CHANNEL_FRAMES: usize = 8;
 const CHANNEL_BYTES: usize = CHANNEL_FRAMES * PACK_BYTES;
 /// A pack of consecutive frames is handed to the connection once it holds this many bytes.
 const PACK_BYTES: usize = 16 * 1024;
+/// A one-line payload at least this large goes to the client as it is (its `Bytes`, between
+/// its frame's head and tail), not copied into a pack: a stream of large events holds each once
+/// (the read, the queue and the connection share it), and replays of them copy nothing.
+const SHARED_PAYLOAD_BYTES: usize = 64 * 1024;
 /// Bytes of an event's frame besides its payload's (`id:`, `event: message`, `data:` and line
 /// ends), when the payload is one line.
 const FRAME_OVERHEAD: usize = 4 + MAX_EVENT_ID_LEN + 1 + 15 + 6 + 1 + 1;
@@ -289,14 +293,35 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
             if ev.stream != tag {
                 continue;
             }
+            let shared = ev.payload.len() >= SHARED_PAYLOAD_BYTES
+                && ev.kind != Kind::Priming
+                && encode::one_line(&ev.payload);
             if pack.buf.is_empty() {
                 // Room for the pack at once (what is left of the batch, up to a pack) rather
                 // than growing it frame by frame.
-                let room = left.min(PACK_BYTES) + FRAME_OVERHEAD + ev.payload.len();
-                pack.buf.reserve(room);
+                let own = if shared { 0 } else { ev.payload.len() };
+                pack.buf
+                    .reserve(left.min(PACK_BYTES) + FRAME_OVERHEAD + own);
             }
             left = left.saturating_sub(FRAME_OVERHEAD + ev.payload.len());
-            write_frame(&mut pack.buf, &session_hex, &ev);
+            if shared {
+                // The head ends the pack, the payload goes as it is, and the tail starts the next
+                // pack, which counts the event as delivered once it is sent: a client gone before
+                // that has not got the event.
+                let mut buf = [0u8; MAX_EVENT_ID_LEN];
+                let id = Cursor::write_id(&session_hex, ev.epoch, ev.seq, &mut buf);
+                encode::message_head_into(&mut pack.buf, id);
+                if let Err(end) = pack.send(tx, spec, env, &mut kicked, &mut keepalive).await {
+                    return end;
+                }
+                let len = ev.payload.len();
+                if let Err(end) = send_frames(tx, ev.payload, len, env, &mut kicked).await {
+                    return end;
+                }
+                pack.buf.extend_from_slice(encode::MESSAGE_TAIL);
+            } else {
+                write_frame(&mut pack.buf, &session_hex, &ev);
+            }
             pack.last = ev.seq;
             if ev.kind != Kind::Priming {
                 pack.delivered += 1;
@@ -356,15 +381,7 @@ impl Pack {
         }
         let frames = Bytes::from(std::mem::take(&mut self.buf));
         let len = frames.len();
-        // Sending waits while the client is slow; a takeover or a drain must still end it.
-        // A send that can complete goes first, so a drain cuts only a client that is not
-        // keeping up, never one that is.
-        tokio::select! {
-            biased;
-            r = tx.send(frames, len) => if r.is_err() { return Err(End::ClientGone) },
-            _ = wait_true(kicked) => return Err(End::Kicked),
-            _ = drain_started(&mut env.drain) => return Err(End::Drain),
-        }
+        send_frames(tx, frames, len, env, kicked).await?;
         env.metrics
             .delivered
             .inc_by(std::mem::take(&mut self.delivered));
@@ -377,6 +394,25 @@ impl Pack {
         }
         Ok(())
     }
+}
+
+/// Hands `frames` (`len` bytes) to the connection. Sending waits while the client is slow; a
+/// takeover or a drain must still end it. A send that can complete goes first, so a drain cuts
+/// only a client that is not keeping up, never one that is.
+async fn send_frames(
+    tx: &Tx,
+    frames: Bytes,
+    len: usize,
+    env: &mut StreamEnv,
+    kicked: &mut Option<watch::Receiver<bool>>,
+) -> Result<(), End> {
+    tokio::select! {
+        biased;
+        r = tx.send(frames, len) => if r.is_err() { return Err(End::ClientGone) },
+        _ = wait_true(kicked) => return Err(End::Kicked),
+        _ = drain_started(&mut env.drain) => return Err(End::Drain),
+    }
+    Ok(())
 }
 
 /// Completes once the proxy drains (or the drain signal is gone).

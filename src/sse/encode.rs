@@ -94,6 +94,26 @@ pub fn message_into(out: &mut Vec<u8>, id: &[u8], data: &[u8]) -> usize {
     size
 }
 
+/// The head of [`message_into`]'s frame for a one-line `data` sent on its own (a large payload
+/// goes to the client as it is, not copied into a frame): `id: {id}\nevent: message\ndata: `.
+/// The payload and [`MESSAGE_TAIL`] follow.
+pub fn message_head_into(out: &mut Vec<u8>, id: &[u8]) {
+    debug_assert!(find_eol(id).is_none(), "a built id has no line break");
+    out.reserve(ID.len() + id.len() + MESSAGE.len() + DATA.len());
+    out.extend_from_slice(ID);
+    out.extend_from_slice(id);
+    out.extend_from_slice(MESSAGE);
+    out.extend_from_slice(DATA);
+}
+
+/// Whether `data` is one line (no CR or LF): a frame's single `data:` line holds it as it is.
+pub fn one_line(data: &[u8]) -> bool {
+    find_eol(data).is_none()
+}
+
+/// What ends a frame after its one-line payload ([`message_head_into`]).
+pub const MESSAGE_TAIL: &[u8] = b"\n\n";
+
 /// Priming event: `id: {id}\n` then `retry: {ms}\n` if Some, then `data: \n\n`.
 ///
 /// Gives the client a resumption point (and optionally a reconnect delay)
@@ -353,6 +373,21 @@ mod tests {
                 id: id.as_deref().map(one_line),
                 retry: None,
             });
+        }
+
+        /// The head, a one-line payload and the tail are [`message_into`]'s frame.
+        #[test]
+        fn prop_message_head_payload_tail_is_message_into(
+            id in "[0-9a-f]{32}:[0-9]{1,10}:[0-9]{1,20}",
+            data in "[^\r\n]{0,200}",
+        ) {
+            let mut whole = Vec::new();
+            message_into(&mut whole, id.as_bytes(), data.as_bytes());
+            let mut parts = Vec::new();
+            message_head_into(&mut parts, id.as_bytes());
+            parts.extend_from_slice(data.as_bytes());
+            parts.extend_from_slice(MESSAGE_TAIL);
+            prop_assert_eq!(parts, whole);
         }
 
         /// The delivery path's frame is byte for byte the general one, packed after other
