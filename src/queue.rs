@@ -74,6 +74,27 @@ impl<T> Tx<T> {
         }
     }
 
+    /// Queues `items` (`len` bytes in all) together: all of them or, when the send is dropped
+    /// before it completes, none (a reader never sees the first without the rest, as it never
+    /// sees part of one item). Waits for room for all of them, in items and in bytes; the items
+    /// count for `len` as one item would. `Err` gives the items back when the receiver is gone.
+    pub async fn send_all<const N: usize>(&self, items: [T; N], len: usize) -> Result<(), [T; N]> {
+        let n = self.weight(len);
+        let Ok(permit) = self.room.clone().acquire_many_owned(n).await else {
+            return Err(items);
+        };
+        let Ok(slots) = self.tx.reserve_many(N).await else {
+            return Err(items);
+        };
+        // The first item carries the bytes' room: the reader gives it back when it takes that
+        // one, and the others (counted for nothing) follow at once.
+        permit.forget();
+        for (i, (slot, item)) in slots.zip(items).enumerate() {
+            slot.send((item, if i == 0 { n } else { 0 }));
+        }
+        Ok(())
+    }
+
     /// Queues `item` of `len` bytes only if there is room now.
     pub fn try_send(&self, item: T, len: usize) -> Result<(), T> {
         let n = self.weight(len);
@@ -175,6 +196,34 @@ mod tests {
         );
         assert_eq!(rx.recv().await.unwrap().len(), 1 << 20);
         assert!(tx.try_send(vec![3], 1).is_ok());
+    }
+
+    /// Items sent together arrive together and in order, wait for room for all of them, and a
+    /// send of them cancelled while it waits queues none of them.
+    #[tokio::test(start_paused = true)]
+    async fn items_sent_together_arrive_together_or_not_at_all() {
+        let (tx, mut rx) = bounded::<u8>(4, 4096);
+        tx.send(1, 10).await.unwrap();
+        tx.send(2, 10).await.unwrap();
+        // Three slots are needed and two are free: it waits, and is dropped.
+        let waiting = tokio::time::timeout(Duration::from_secs(1), tx.send_all([3, 4, 5], 30));
+        assert!(
+            waiting.await.is_err(),
+            "two free slots do not hold three items"
+        );
+        assert_eq!(rx.recv().await, Some(1));
+        tx.send_all([3, 4, 5], 3000).await.unwrap();
+        // The bytes are held until the first of them is taken.
+        assert!(tx.try_send(6, 2000).is_err(), "3000 + 2000 bytes over 4096");
+        for want in [2, 3] {
+            assert_eq!(rx.recv().await, Some(want));
+        }
+        assert!(tx.try_send(6, 2000).is_ok());
+        for want in [4, 5, 6] {
+            assert_eq!(rx.recv().await, Some(want));
+        }
+        drop(rx);
+        assert_eq!(tx.send_all([7, 8], 1).await, Err([7, 8]));
     }
 
     /// A send cancelled while it waits holds no room afterwards.

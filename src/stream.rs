@@ -305,20 +305,27 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
             }
             left = left.saturating_sub(FRAME_OVERHEAD + ev.payload.len());
             if shared {
-                // The head ends the pack, the payload goes as it is, and the tail starts the next
-                // pack, which counts the event as delivered once it is sent: a client gone before
-                // that has not got the event.
-                let mut buf = [0u8; MAX_EVENT_ID_LEN];
-                let id = Cursor::write_id(&session_hex, ev.epoch, ev.seq, &mut buf);
-                encode::message_head_into(&mut pack.buf, id);
+                // What is packed goes first; then the frame's head, the payload as it is and the
+                // tail, queued together: a drain or a takeover ends the stream between frames,
+                // never inside one.
                 if let Err(end) = pack.send(tx, spec, env, &mut kicked, &mut keepalive).await {
                     return end;
                 }
-                let len = ev.payload.len();
-                if let Err(end) = send_frames(tx, ev.payload, len, env, &mut kicked).await {
-                    return end;
+                let mut buf = [0u8; MAX_EVENT_ID_LEN];
+                let id = Cursor::write_id(&session_hex, ev.epoch, ev.seq, &mut buf);
+                let mut head = Vec::new();
+                encode::message_head_into(&mut head, id);
+                let len = head.len() + ev.payload.len() + encode::MESSAGE_TAIL.len();
+                let tail = Bytes::from_static(encode::MESSAGE_TAIL);
+                let frame = [Bytes::from(head), ev.payload, tail];
+                tokio::select! {
+                    biased;
+                    r = tx.send_all(frame, len) => if r.is_err() { return End::ClientGone },
+                    _ = wait_true(&mut kicked) => return End::Kicked,
+                    _ = drain_started(&mut env.drain) => return End::Drain,
                 }
-                pack.buf.extend_from_slice(encode::MESSAGE_TAIL);
+                // Counted as delivered with the next pack (which may be empty).
+                pack.force = true;
             } else {
                 write_frame(&mut pack.buf, &session_hex, &ev);
             }
@@ -358,6 +365,9 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
 #[derive(Default)]
 struct Pack {
     buf: Vec<u8>,
+    /// Its events' frames went out on their own (a shared payload's): count them when it is
+    /// sent, even empty.
+    force: bool,
     /// Seq of the last event in `buf`.
     last: u64,
     /// Events in `buf` that count as delivered (priming events do not).
@@ -367,7 +377,8 @@ struct Pack {
 }
 
 impl Pack {
-    /// Sends the pack (if any) and counts its events as delivered.
+    /// Sends the pack (if any) and counts its events as delivered (and those whose frames went
+    /// on their own before it).
     async fn send(
         &mut self,
         tx: &Tx,
@@ -376,12 +387,14 @@ impl Pack {
         kicked: &mut Option<watch::Receiver<bool>>,
         keepalive: &mut tokio::time::Interval,
     ) -> Result<(), End> {
-        if self.buf.is_empty() {
+        let forced = std::mem::take(&mut self.force);
+        if !self.buf.is_empty() {
+            let frames = Bytes::from(std::mem::take(&mut self.buf));
+            let len = frames.len();
+            send_frames(tx, frames, len, env, kicked).await?;
+        } else if !forced {
             return Ok(());
         }
-        let frames = Bytes::from(std::mem::take(&mut self.buf));
-        let len = frames.len();
-        send_frames(tx, frames, len, env, kicked).await?;
         env.metrics
             .delivered
             .inc_by(std::mem::take(&mut self.delivered));
