@@ -269,6 +269,19 @@ pub struct UpstreamSettings {
 impl UpstreamSettings {
     /// From the validated `[upstream]` section.
     pub fn from_config(cfg: &UpstreamConfig) -> Self {
+        // The system's roots only where an `https://` connection can be made: loading them is
+        // most of a start's CPU (about 20M instructions), for nothing on a plain-http sidecar.
+        let https = cfg.url().tls
+            || cfg
+                .allowed_endpoint_origins
+                .iter()
+                .any(|o| o.trim_start().to_ascii_lowercase().starts_with("https:"));
+        let tls = if https {
+            crate::tls::upstream_client(cfg.ca_file.as_deref())
+                .unwrap_or_else(|_| crate::tls::no_roots_client())
+        } else {
+            crate::tls::no_roots_client()
+        };
         Self {
             sse_url: cfg.url(),
             post_timeout: Duration::from_secs(cfg.post_timeout_secs),
@@ -280,10 +293,7 @@ impl UpstreamSettings {
                 .iter()
                 .filter_map(|o| crate::config::parse_origin(o).ok())
                 .collect(),
-            tls: Arc::new(
-                crate::tls::upstream_client(cfg.ca_file.as_deref())
-                    .unwrap_or_else(|_| crate::tls::no_roots_client()),
-            ),
+            tls: Arc::new(tls),
         }
     }
 
