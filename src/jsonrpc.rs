@@ -455,7 +455,16 @@ pub fn peek(bytes: &[u8]) -> Option<Peek> {
 fn peek_fast(bytes: &[u8]) -> Option<Peek> {
     let msg = envelope::scan(bytes)?;
     let id = msg.id.map(canonical_scanned);
-    let wants_token = match msg.method {
+    // A known method is matched on its bytes (no UTF-8 check of it); the scan has checked the
+    // whole message is UTF-8, so another one converts.
+    let method = match msg.method {
+        Some(m) => Some(match KNOWN_METHODS.iter().find(|k| k.as_bytes() == m) {
+            Some(&k) => Cow::Borrowed(k),
+            None => Cow::Owned(std::str::from_utf8(m).ok()?.to_owned()),
+        }),
+        None => None,
+    };
+    let wants_token = match &method {
         Some(m) => id.is_some() || m == "notifications/progress",
         None => false,
     };
@@ -466,9 +475,7 @@ fn peek_fast(bytes: &[u8]) -> Option<Peek> {
     };
     Some(Peek {
         id,
-        method: msg
-            .method
-            .map(|m| known_method(m).map_or_else(|| Cow::Owned(m.to_owned()), Cow::Borrowed)),
+        method,
         is_response: msg.is_response,
         progress_token,
     })

@@ -26,8 +26,8 @@ const MAX_NEST: u32 = 128;
 pub(super) struct Envelope<'a> {
     /// The raw `id`.
     pub id: Option<&'a str>,
-    /// The `method` (a string without escapes).
-    pub method: Option<&'a str>,
+    /// The `method` (a string without escapes; UTF-8, as the whole message is).
+    pub method: Option<&'a [u8]>,
     /// Has `result` or `error`.
     pub is_response: bool,
     /// The raw `params`, checked JSON.
@@ -76,7 +76,7 @@ pub(super) fn scan(bytes: &[u8]) -> Option<Envelope<'_>> {
     }
     Some(Envelope {
         id: utf8(top.id.flatten())?,
-        method: utf8(top.method.flatten())?,
+        method: top.method.flatten(),
         is_response: top.result.flatten().is_some() || top.error.flatten().is_some(),
         params: top.params.flatten(),
         ctrl: s.ctrl,
@@ -171,20 +171,24 @@ struct Scanner<'a> {
 }
 
 impl<'a> Scanner<'a> {
+    #[inline(always)]
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
 
+    #[inline(always)]
     fn next(&mut self) -> Option<u8> {
         let b = self.peek()?;
         self.i += 1;
         Some(b)
     }
 
+    #[inline(always)]
     fn eat(&mut self, b: u8) -> Option<()> {
         (self.next()? == b).then_some(())
     }
 
+    #[inline(always)]
     fn eat_if(&mut self, b: u8) -> bool {
         let hit = self.peek() == Some(b);
         self.i += usize::from(hit);
@@ -192,6 +196,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// Skips JSON whitespace (serde_json's four bytes).
+    #[inline(always)]
     fn ws(&mut self) {
         while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.peek() {
             self.i += 1;
@@ -284,6 +289,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// Skips a key of a nested object, its colon and the whitespace up to its value.
+    #[inline(always)]
     fn member_key(&mut self) -> Option<()> {
         self.eat(b'"')?;
         self.string()?;
@@ -320,6 +326,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// The rest of a string without escapes (its opening quote read): its bytes.
+    #[inline(always)]
     fn plain_str(&mut self) -> Option<&'a [u8]> {
         let (start, stop) = (self.i, self.string_stop()?);
         self.i = stop + 1;
@@ -341,6 +348,7 @@ impl<'a> Scanner<'a> {
     /// Skips a number: `-`? (`0` | `[1-9][0-9]*`) (`.` digits)? (`e` sign? digits)?. What may
     /// follow it (not a digit after a leading `0`) is checked by the caller, who expects `,`, a
     /// closing bracket or the end.
+    #[inline(always)]
     fn number(&mut self) -> Option<()> {
         self.eat_if(b'-');
         match self.next()? {
@@ -366,15 +374,24 @@ impl<'a> Scanner<'a> {
     }
 
     /// Skips ASCII digits; how many.
+    #[inline(always)]
     fn digits(&mut self) -> usize {
-        let n = self.b[self.i..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        self.i += n;
-        n
+        let start = self.i;
+        while let Some(w) = self.b[self.i..].first_chunk::<8>() {
+            let hit = bytes_not_digit(u64::from_le_bytes(*w));
+            if hit != 0 {
+                self.i += hit.trailing_zeros() as usize / 8;
+                return self.i - start;
+            }
+            self.i += 8;
+        }
+        while let Some(b'0'..=b'9') = self.b.get(self.i) {
+            self.i += 1;
+        }
+        self.i - start
     }
 
+    #[inline(always)]
     fn literal(&mut self, word: &[u8]) -> Option<()> {
         self.b[self.i..]
             .starts_with(word)
@@ -419,6 +436,15 @@ fn bytes_eq(w: u64, b: u8) -> u64 {
 /// The bytes of `w` below 0x20 (high bits; exact up to the lowest).
 fn bytes_control(w: u64) -> u64 {
     w.wrapping_sub(ONES * 0x20) & !w & HIGH
+}
+
+/// The bytes of `w` that are not ASCII digits (high bits; exact up to the lowest): below `0`
+/// (a borrow only sets bits above a hit), or above `9` (a carry only leaves a byte of 0xba or
+/// more, itself a hit, and sets bits above it).
+fn bytes_not_digit(w: u64) -> u64 {
+    let below = w.wrapping_sub(ONES * u64::from(b'0')) & !w;
+    let above = w.wrapping_add(ONES * u64::from(127 - b'9')) | w;
+    (below | above) & HIGH
 }
 
 /// Where the first `"` or `\` in `b` is.

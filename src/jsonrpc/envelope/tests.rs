@@ -831,3 +831,79 @@ fn lowest_and_highest_bytes_as_a_fold_finds_them() {
         );
     }
 }
+
+/// The first byte that is not an ASCII digit, eight at a time, is found exactly whatever the
+/// bytes around it (every byte value at every position, and runs of random words).
+#[test]
+fn bytes_not_digit_finds_the_first_non_digit() {
+    use super::bytes_not_digit;
+    let first = |w: [u8; 8]| {
+        let hit = bytes_not_digit(u64::from_le_bytes(w));
+        (hit != 0).then(|| hit.trailing_zeros() as usize / 8)
+    };
+    for b in 0..=255u8 {
+        for pos in 0..8 {
+            for filler in [b'0', b'9', b'5'] {
+                let mut w = [filler; 8];
+                w[pos] = b;
+                let want = (!b.is_ascii_digit()).then_some(pos);
+                assert_eq!(first(w), want, "byte {b:#x} at {pos} among {filler:#x}");
+                // Whatever follows the first non-digit.
+                for after in [0u8, b'/', b':', 0x80, 0xba, 0xff] {
+                    let mut w2 = w;
+                    for x in w2.iter_mut().skip(pos + 1) {
+                        *x = after;
+                    }
+                    let want = w2.iter().position(|x| !x.is_ascii_digit());
+                    assert_eq!(first(w2), want, "{w2:?}");
+                }
+            }
+        }
+    }
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..200_000 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // Mostly digits, so that the first non-digit falls anywhere.
+        let mut w = rng.to_le_bytes();
+        for (i, x) in w.iter_mut().enumerate() {
+            if (rng >> (i * 3)) & 7 != 0 {
+                *x = b'0' + *x % 10;
+            }
+        }
+        assert_eq!(
+            first(w),
+            w.iter().position(|x| !x.is_ascii_digit()),
+            "{w:?}"
+        );
+    }
+}
+
+/// Numbers of every length up to 40 digits, at every alignment, end where serde says: valid ones
+/// the scanner answers itself, and one that runs into a letter, a second dot or a missing
+/// exponent it leaves to serde (which refuses it).
+#[test]
+fn numbers_of_every_length_end_where_serde_says() {
+    for len in 1..=40 {
+        let digits: String = (0..len).map(|i| char::from(b'1' + (i % 9) as u8)).collect();
+        for pad in 0..8 {
+            let key = "k".repeat(pad);
+            for lead in ["", "-"] {
+                for frac in ["", ".5", "e7", ".25E-3", ".0123456789012345"] {
+                    let n = format!("{lead}{digits}{frac}");
+                    let msg = format!(
+                        r#"{{"jsonrpc":"2.0","method":"m","params":{{"{key}":{n},"x":[{n},{n}]}}}}"#
+                    );
+                    assert_eq!(fast(msg.as_bytes()), Some(p(None, Some("m"), false, None)));
+                }
+                for bad in ["a", ".", "..5", "e", "e+", "x1"] {
+                    let msg = format!(
+                        r#"{{"jsonrpc":"2.0","method":"m","params":{{"{key}":{lead}{digits}{bad}}}}}"#
+                    );
+                    assert_eq!(slow(msg.as_bytes()), None, "{msg}");
+                }
+            }
+        }
+    }
+}
