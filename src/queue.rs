@@ -77,7 +77,8 @@ impl<T> Tx<T> {
     /// Queues `items` (`len` bytes in all) together: all of them or, when the send is dropped
     /// before it completes, none (a reader never sees the first without the rest, as it never
     /// sees part of one item). Waits for room for all of them, in items and in bytes; the items
-    /// count for `len` as one item would. `Err` gives the items back when the receiver is gone.
+    /// count for `len` as one item would, until the reader has taken the last of them. `Err`
+    /// gives the items back when the receiver is gone.
     pub async fn send_all<const N: usize>(&self, items: [T; N], len: usize) -> Result<(), [T; N]> {
         let n = self.weight(len);
         let Ok(permit) = self.room.clone().acquire_many_owned(n).await else {
@@ -86,11 +87,11 @@ impl<T> Tx<T> {
         let Ok(slots) = self.tx.reserve_many(N).await else {
             return Err(items);
         };
-        // The first item carries the bytes' room: the reader gives it back when it takes that
-        // one, and the others (counted for nothing) follow at once.
+        // The last item carries the bytes' room: the reader gives it back once it has taken
+        // them all (the others count for nothing).
         permit.forget();
         for (i, (slot, item)) in slots.zip(items).enumerate() {
-            slot.send((item, if i == 0 { n } else { 0 }));
+            slot.send((item, if i + 1 == N { n } else { 0 }));
         }
         Ok(())
     }
@@ -213,15 +214,15 @@ mod tests {
         );
         assert_eq!(rx.recv().await, Some(1));
         tx.send_all([3, 4, 5], 3000).await.unwrap();
-        // The bytes are held until the first of them is taken.
+        // The bytes are held until the last of them is taken.
         assert!(tx.try_send(6, 2000).is_err(), "3000 + 2000 bytes over 4096");
-        for want in [2, 3] {
+        for want in [2, 3, 4] {
             assert_eq!(rx.recv().await, Some(want));
+            assert!(tx.try_send(6, 2000).is_err(), "held until 5 is taken");
         }
+        assert_eq!(rx.recv().await, Some(5));
         assert!(tx.try_send(6, 2000).is_ok());
-        for want in [4, 5, 6] {
-            assert_eq!(rx.recv().await, Some(want));
-        }
+        assert_eq!(rx.recv().await, Some(6));
         drop(rx);
         assert_eq!(tx.send_all([7, 8], 1).await, Err([7, 8]));
     }

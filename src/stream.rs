@@ -324,8 +324,6 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
                     _ = wait_true(&mut kicked) => return End::Kicked,
                     _ = drain_started(&mut env.drain) => return End::Drain,
                 }
-                // Counted as delivered with the next pack (which may be empty).
-                pack.force = true;
             } else {
                 write_frame(&mut pack.buf, &session_hex, &ev);
             }
@@ -335,6 +333,11 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
                 if ev.seq <= spec.replay_until {
                     pack.replayed += 1;
                 }
+            }
+            if shared {
+                // Handed to the connection: counted now, as a pack is once it is sent (not with
+                // a later pack whose send a takeover may cut).
+                pack.count(spec, env, &mut keepalive);
             }
             // Only POST streams ([`Filter::Post`]) end on their responses.
             let complete = ev.kind == Kind::Final
@@ -365,9 +368,6 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
 #[derive(Default)]
 struct Pack {
     buf: Vec<u8>,
-    /// Its events' frames went out on their own (a shared payload's): count them when it is
-    /// sent, even empty.
-    force: bool,
     /// Seq of the last event in `buf`.
     last: u64,
     /// Events in `buf` that count as delivered (priming events do not).
@@ -377,8 +377,7 @@ struct Pack {
 }
 
 impl Pack {
-    /// Sends the pack (if any) and counts its events as delivered (and those whose frames went
-    /// on their own before it).
+    /// Sends the pack (if any) and counts its events as delivered.
     async fn send(
         &mut self,
         tx: &Tx,
@@ -387,14 +386,23 @@ impl Pack {
         kicked: &mut Option<watch::Receiver<bool>>,
         keepalive: &mut tokio::time::Interval,
     ) -> Result<(), End> {
-        let forced = std::mem::take(&mut self.force);
-        if !self.buf.is_empty() {
-            let frames = Bytes::from(std::mem::take(&mut self.buf));
-            let len = frames.len();
-            send_frames(tx, frames, len, env, kicked).await?;
-        } else if !forced {
+        if self.buf.is_empty() {
             return Ok(());
         }
+        let frames = Bytes::from(std::mem::take(&mut self.buf));
+        let len = frames.len();
+        send_frames(tx, frames, len, env, kicked).await?;
+        self.count(spec, env, keepalive);
+        Ok(())
+    }
+
+    /// Counts the events handed to the connection as delivered.
+    fn count(
+        &mut self,
+        spec: &StreamSpec,
+        env: &mut StreamEnv,
+        keepalive: &mut tokio::time::Interval,
+    ) {
         env.metrics
             .delivered
             .inc_by(std::mem::take(&mut self.delivered));
@@ -405,7 +413,6 @@ impl Pack {
         if let Some(a) = &spec.attachment {
             a.advance(self.last);
         }
-        Ok(())
     }
 }
 
