@@ -529,16 +529,11 @@ async fn adv22_takeover_while_stalled_after_shared_frames_delivers_each_once() {
     let a_emits = emits(&parse(&raw_a));
     // B: until the tiny event.
     let mut b_evs = Vec::new();
-    loop {
-        match b.next_within(Duration::from_secs(10)).await {
-            Ok(Some(e)) => {
-                let done = emits(std::slice::from_ref(&e)).iter().any(|(s, _)| *s == 3);
-                b_evs.push(e);
-                if done {
-                    break;
-                }
-            }
-            _ => break,
+    while let Ok(Some(e)) = b.next_within(Duration::from_secs(10)).await {
+        let done = emits(std::slice::from_ref(&e)).iter().any(|(s, _)| *s == 3);
+        b_evs.push(e);
+        if done {
+            break;
         }
     }
     let b_emits = emits(&b_evs);
