@@ -199,16 +199,7 @@ async fn scripted(
 
 /// Bytes Redis has sent its clients.
 async fn net_out(r: &RedisServer) -> u64 {
-    let mut c = r.admin().await;
-    let info: String = ::redis::cmd("INFO")
-        .arg("stats")
-        .query_async(&mut c)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap()
+    support::redis::sent_bytes(&[r.url()]).await
 }
 
 /// Checks one budget read: exactly `after + 1 ..` (consecutive, payloads of `shape`), at most

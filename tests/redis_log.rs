@@ -12,7 +12,7 @@ use mcp_resume_proxy::log::cursor::{check_resume, Cursor, Refusal, SessionId};
 use mcp_resume_proxy::log::redis::{Fence, ReadHint, Refused, Shared};
 use mcp_resume_proxy::log::{Event, Kind, NewEvent, StreamTag};
 use serde_json::Value;
-use support::redis::{Persist, RedisCluster, RedisServer};
+use support::redis::{sent_bytes, Persist, RedisCluster, RedisServer};
 
 const PREFIX: &str = "mrp";
 
@@ -1023,13 +1023,13 @@ async fn a_read_within_a_byte_budget_holds_about_that_much() {
             (1..=256).collect::<Vec<_>>(),
             "small events are not cut"
         );
-        let sent = net_out(urls).await;
+        let sent = sent_bytes(urls).await;
         let (_, four) = s
             .read_within(&id, 300, 256, BUDGET, &own)
             .await
             .unwrap()
             .unwrap();
-        let sent = net_out(urls).await - sent;
+        let sent = sent_bytes(urls).await - sent;
         // What Redis sent for it: about the budget and one entry (never the 10 MiB after 300).
         assert!(
             sent < BUDGET + (512 << 10),
@@ -1069,28 +1069,4 @@ async fn a_read_within_a_byte_budget_holds_about_that_much() {
         );
         assert!(got.iter().map(|e| &e.payload).eq(want.iter()));
     }
-}
-
-/// The bytes the Redis nodes at `urls` have sent their clients (`INFO stats`), this call's own
-/// reply counted before it is sent.
-async fn net_out(urls: &[String]) -> u64 {
-    let mut total = 0;
-    for url in urls {
-        let mut c = redis::Client::open(url.as_str())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
-        let info: String = redis::cmd("INFO")
-            .arg("stats")
-            .query_async(&mut c)
-            .await
-            .unwrap();
-        total += info
-            .lines()
-            .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .expect("INFO stats has total_net_output_bytes");
-    }
-    total
 }

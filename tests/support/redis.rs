@@ -116,6 +116,30 @@ impl RedisServer {
     }
 }
 
+/// The bytes the Redis nodes at `urls` have sent their clients so far (`INFO stats`
+/// `total_net_output_bytes`; the reply to this call counts, once it is sent, in the next).
+pub async fn sent_bytes(urls: &[String]) -> u64 {
+    let mut total = 0;
+    for url in urls {
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let info: String = redis::cmd("INFO")
+            .arg("stats")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        total += info
+            .lines()
+            .find_map(|l| l.strip_prefix("total_net_output_bytes:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .expect("INFO stats has total_net_output_bytes");
+    }
+    total
+}
+
 /// A port `p` below 22768 with its cluster bus port `p + 10000` free too (both below 32768).
 fn cluster_port() -> u16 {
     loop {
