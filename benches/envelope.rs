@@ -1,7 +1,8 @@
 //! The routing peek run on every upstream event: the byte scanner (`peek`) against serde_json
 //! (`peek_serde`, its definition and slow path).
 //!
-//! Cases: a ~330-byte `notifications/message` event, a progress notification with its token,
+//! Cases: a ~330-byte `notifications/message` event, the end-to-end benchmark's event of the same
+//! size (a long number and a 200-byte string), a progress notification with its token,
 //! and `tools/call` responses of 4 KiB and 64 KiB (text content with the escapes real text has),
 //! plus a 4 KiB structured result (many small values: the scanner's slowest shape per byte).
 
@@ -12,6 +13,15 @@ use mcp_resume_proxy::jsonrpc::{peek, peek_serde};
 fn log_message() -> Vec<u8> {
     let json = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","logger":"tools.search","data":{"message":"indexed 1280 documents in 2.4 s","query":"rust async runtime","shards":[1,2,3,4],"cached":false,"elapsed_ms":2431,"trace_id":"4bf92f3577b34da6a3ce929d0e0e4736","user":"alice@example.com","region":"eu-west-1"}}}"#;
     json.as_bytes().to_vec()
+}
+
+/// The end-to-end benchmark's event (`scripts/bench-e2e`: the demo upstream's `emit`, pad 200).
+fn emit() -> Vec<u8> {
+    format!(
+        r#"{{"jsonrpc":"2.0","method":"notifications/message","params":{{"level":"info","logger":"emit","data":{{"seq":12345,"t_ns":1733462400123456789,"pad":"{}"}}}}}}"#,
+        "x".repeat(200)
+    )
+    .into_bytes()
 }
 
 fn progress() -> Vec<u8> {
@@ -52,6 +62,7 @@ fn structured_response(size: usize) -> Vec<u8> {
 fn bench(c: &mut Criterion) {
     let cases = [
         ("message_330b", log_message()),
+        ("emit_330b", emit()),
         ("progress", progress()),
         ("response_4k", text_response(4 << 10)),
         ("response_64k", text_response(64 << 10)),
