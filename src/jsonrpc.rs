@@ -347,9 +347,12 @@ pub const KNOWN_METHODS: [&str; 31] = [
     "tasks/result",
 ];
 
-/// The static of [`KNOWN_METHODS`] that equals `method` exactly.
-fn known_method(method: &str) -> Option<&'static str> {
-    KNOWN_METHODS.iter().copied().find(|&k| k == method)
+/// The static of [`KNOWN_METHODS`] whose bytes equal `method` exactly.
+fn known_method(method: &[u8]) -> Option<&'static str> {
+    KNOWN_METHODS
+        .iter()
+        .copied()
+        .find(|k| k.as_bytes() == method)
 }
 
 #[derive(Deserialize)]
@@ -458,8 +461,8 @@ fn peek_fast(bytes: &[u8]) -> Option<Peek> {
     // A known method is matched on its bytes (no UTF-8 check of it); the scan has checked the
     // whole message is UTF-8, so another one converts.
     let method = match msg.method {
-        Some(m) => Some(match KNOWN_METHODS.iter().find(|k| k.as_bytes() == m) {
-            Some(&k) => Cow::Borrowed(k),
+        Some(m) => Some(match known_method(m) {
+            Some(k) => Cow::Borrowed(k),
             None => Cow::Owned(std::str::from_utf8(m).ok()?.to_owned()),
         }),
         None => None,
@@ -535,7 +538,7 @@ pub fn peek_serde(bytes: &[u8]) -> Option<Peek> {
         // Unescaped by serde, so `"notifications\/message"` is the known method too.
         method: msg
             .method
-            .map(|m| known_method(&m).map_or(Cow::Owned(m), Cow::Borrowed)),
+            .map(|m| known_method(m.as_bytes()).map_or(Cow::Owned(m), Cow::Borrowed)),
         is_response: msg.result.is_some() || msg.error.is_some(),
         progress_token,
     })

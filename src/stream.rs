@@ -318,11 +318,9 @@ async fn deliver(spec: &mut StreamSpec, env: &mut StreamEnv, tx: &Tx) -> End {
                 let len = head.len() + ev.payload.len() + encode::MESSAGE_TAIL.len();
                 let tail = Bytes::from_static(encode::MESSAGE_TAIL);
                 let frame = [Bytes::from(head), ev.payload, tail];
-                tokio::select! {
-                    biased;
-                    r = tx.send_all(frame, len) => if r.is_err() { return End::ClientGone },
-                    _ = wait_true(&mut kicked) => return End::Kicked,
-                    _ = drain_started(&mut env.drain) => return End::Drain,
+                let send = async { tx.send_all(frame, len).await.is_ok() };
+                if let Err(end) = handed(send, env, &mut kicked).await {
+                    return end;
                 }
             } else {
                 write_frame(&mut pack.buf, &session_hex, &ev);
@@ -391,7 +389,7 @@ impl Pack {
         }
         let frames = Bytes::from(std::mem::take(&mut self.buf));
         let len = frames.len();
-        send_frames(tx, frames, len, env, kicked).await?;
+        handed(async { tx.send(frames, len).await.is_ok() }, env, kicked).await?;
         self.count(spec, env, keepalive);
         Ok(())
     }
@@ -416,19 +414,17 @@ impl Pack {
     }
 }
 
-/// Hands `frames` (`len` bytes) to the connection. Sending waits while the client is slow; a
-/// takeover or a drain must still end it. A send that can complete goes first, so a drain cuts
-/// only a client that is not keeping up, never one that is.
-async fn send_frames(
-    tx: &Tx,
-    frames: Bytes,
-    len: usize,
+/// Runs `send` (frames handed to the connection: `false` when the client is gone). Sending waits
+/// while the client is slow; a takeover or a drain must still end it. A send that can complete
+/// goes first, so a drain cuts only a client that is not keeping up, never one that is.
+async fn handed(
+    send: impl std::future::Future<Output = bool>,
     env: &mut StreamEnv,
     kicked: &mut Option<watch::Receiver<bool>>,
 ) -> Result<(), End> {
     tokio::select! {
         biased;
-        r = tx.send(frames, len) => if r.is_err() { return Err(End::ClientGone) },
+        ok = send => if !ok { return Err(End::ClientGone) },
         _ = wait_true(kicked) => return Err(End::Kicked),
         _ = drain_started(&mut env.drain) => return Err(End::Drain),
     }

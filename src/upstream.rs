@@ -269,13 +269,18 @@ pub struct UpstreamSettings {
 impl UpstreamSettings {
     /// From the validated `[upstream]` section.
     pub fn from_config(cfg: &UpstreamConfig) -> Self {
+        let sse_url = cfg.url();
+        let allowed_endpoint_origins: Vec<String> = cfg
+            .allowed_endpoint_origins
+            .iter()
+            .filter_map(|o| crate::config::parse_origin(o).ok())
+            .collect();
         // The system's roots only where an `https://` connection can be made: loading them is
         // most of a start's CPU (about 20M instructions), for nothing on a plain-http sidecar.
-        let https = cfg.url().tls
-            || cfg
-                .allowed_endpoint_origins
+        let https = sse_url.tls
+            || allowed_endpoint_origins
                 .iter()
-                .any(|o| o.trim_start().to_ascii_lowercase().starts_with("https:"));
+                .any(|o| o.starts_with("https://"));
         let tls = if https {
             crate::tls::upstream_client(cfg.ca_file.as_deref())
                 .unwrap_or_else(|_| crate::tls::no_roots_client())
@@ -283,16 +288,12 @@ impl UpstreamSettings {
             crate::tls::no_roots_client()
         };
         Self {
-            sse_url: cfg.url(),
+            sse_url,
             post_timeout: Duration::from_secs(cfg.post_timeout_secs),
             connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
             max_event_bytes: cfg.max_event_bytes,
             request_timeout: cfg.request_timeout(),
-            allowed_endpoint_origins: cfg
-                .allowed_endpoint_origins
-                .iter()
-                .filter_map(|o| crate::config::parse_origin(o).ok())
-                .collect(),
+            allowed_endpoint_origins,
             tls: Arc::new(tls),
         }
     }

@@ -1485,15 +1485,7 @@ impl Shared {
             .zip(evs.first().map_or(0, |e| e.seq)..)
             .take_while(|(e, want)| e.seq == *want)
             .count();
-        let mut bytes = 0u64;
-        let within = evs
-            .iter()
-            .take_while(|e| {
-                let take = bytes < max_bytes;
-                bytes += e.payload.len() as u64;
-                take
-            })
-            .count();
+        let within = within_budget(evs.iter().map(|e| e.payload.len() as u64), max_bytes);
         evs.truncate(run.min(max.max(1)).min(within.max(1)));
         Ok(Some((rec, evs)))
     }
@@ -1605,19 +1597,10 @@ impl Shared {
             entries.truncate(skip + kept);
             entries.drain(..skip);
             // No more entries than hold `max_bytes` (the last one reaches it).
-            let (mut bytes, mut largest) = (0u64, 0u64);
-            let within = entries
-                .iter()
-                .take_while(|e| {
-                    let take = bytes < max_bytes;
-                    if take {
-                        let b = entry_bytes(e);
-                        bytes += b;
-                        largest = largest.max(b);
-                    }
-                    take
-                })
-                .count();
+            let within = within_budget(entries.iter().map(entry_bytes), max_bytes);
+            let taken = entries[..within].iter().map(entry_bytes);
+            let (mut bytes, mut largest) =
+                taken.fold((0, 0), |(sum, top), b| (sum + b, b.max(top)));
             if within < entries.len() {
                 entries.truncate(within);
                 next = entries
@@ -1712,6 +1695,19 @@ fn entry_id(e: Option<&Value>) -> Option<String> {
         },
         _ => None,
     }
+}
+
+/// How many of the items whose sizes are `sizes` (in order) a read within `max_bytes` takes: each
+/// while what it took before stays under the budget (so the last one reaches it).
+fn within_budget(sizes: impl Iterator<Item = u64>, max_bytes: u64) -> usize {
+    let mut taken = 0u64;
+    sizes
+        .take_while(|&b| {
+            let take = taken < max_bytes;
+            taken += b;
+            take
+        })
+        .count()
 }
 
 /// The bytes of a stream entry's values (its chunk, and its count and tags).
