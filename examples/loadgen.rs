@@ -165,8 +165,11 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         if self.group {
+            // The group is often gone already (a terminated nginx takes its workers along):
+            // `kill`'s "No such process" is the expected case, not news.
             let _ = Command::new("kill")
                 .args(["-KILL", "--", &format!("-{}", self.pid())])
+                .stderr(Stdio::null())
                 .status();
         }
         let _ = self.child.kill();
