@@ -40,7 +40,7 @@ pub enum StartError {
         /// Cause.
         source: std::io::Error,
     },
-    /// The listener's TLS files are not usable.
+    /// TLS files are not usable: the listener's, or the upstream's roots.
     #[error("{0}")]
     Tls(#[source] crate::tls::TlsError),
     /// The log could not be opened.
@@ -182,7 +182,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
 
     let listener = bind("client listener", &cfg.listen.addr).await?;
     let addr = listener.local_addr().expect("bound");
-    let upstream = UpstreamSettings::from_config(&cfg.upstream);
+    let upstream = UpstreamSettings::from_config(&cfg.upstream).map_err(StartError::Tls)?;
     let registry = Registry::new(
         cfg.sessions.clone(),
         upstream.clone(),

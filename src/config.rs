@@ -652,17 +652,11 @@ impl Config {
                 format!("must be at most {MAX_TIMEOUT_SECS}"),
             ));
         }
-        let up = HttpUrl::parse(&self.upstream.sse_url).map_err(|r| bad("upstream.sse_url", r))?;
+        HttpUrl::parse(&self.upstream.sse_url).map_err(|r| bad("upstream.sse_url", r))?;
         for o in &self.upstream.allowed_endpoint_origins {
             parse_origin(o).map_err(|r| bad("upstream.allowed_endpoint_origins", r))?;
         }
-        let https = up.tls
-            || self
-                .upstream
-                .allowed_endpoint_origins
-                .iter()
-                .any(|o| o.starts_with("https://"));
-        if https || self.upstream.ca_file.is_some() {
+        if self.upstream.reaches_https() || self.upstream.ca_file.is_some() {
             crate::tls::upstream_client(self.upstream.ca_file.as_deref())
                 .map_err(|e| bad(e.key, e.reason))?;
         }
@@ -873,6 +867,19 @@ impl UpstreamConfig {
     /// The upstream SSE URL, parsed (validated by [`Config::validate`]).
     pub fn url(&self) -> HttpUrl {
         HttpUrl::parse(&self.sse_url).expect("validated upstream.sse_url")
+    }
+
+    /// Whether an `https://` connection to the upstream can be made: its SSE URL or an allowed
+    /// endpoint origin is `https`, as parsed (so `HTTPS://` is too: found by the adversary review
+    /// of 2026-12-06, when the start checked the text and the runtime the parsed origin). Root
+    /// certificates are loaded, and checked at start, only then.
+    pub fn reaches_https(&self) -> bool {
+        HttpUrl::parse(&self.sse_url).is_ok_and(|u| u.tls)
+            || self
+                .allowed_endpoint_origins
+                .iter()
+                .filter_map(|o| parse_origin(o).ok())
+                .any(|o| o.starts_with("https://"))
     }
 
     /// How long a forwarded request may stay unanswered (`upstream.request_timeout_secs`); `None`
@@ -1270,6 +1277,24 @@ mod tests {
             .and_then(Config::validate)
             .unwrap();
         assert_eq!(c.listen.body_timeout(), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn https_is_read_from_parsed_urls_and_origins() {
+        let up = |toml: &str| Config::from_toml(toml).unwrap().upstream.reaches_https();
+        assert!(!up("[upstream]\nsse_url = \"http://u:1/sse\"\n"));
+        assert!(!up(
+            "[upstream]\nsse_url = \"http://u:1/sse\"\nallowed_endpoint_origins = [\"http://a:2\"]\n"
+        ));
+        assert!(up("[upstream]\nsse_url = \"HTTPS://u/sse\"\n"));
+        for origin in ["https://a", "HTTPS://a", "Https://a:8443"] {
+            assert!(
+                up(&format!(
+                    "[upstream]\nsse_url = \"http://u:1/sse\"\nallowed_endpoint_origins = [\"{origin}\"]\n"
+                )),
+                "{origin}"
+            );
+        }
     }
 
     #[test]

@@ -361,12 +361,20 @@ struct RawMsg<'a> {
     id: Option<&'a RawValue>,
     #[serde(default)]
     method: Option<String>,
-    #[serde(borrow, default)]
+    /// `null` is kept (`Some`): `{"id":3,"result":null}` is a success response.
+    #[serde(borrow, default, deserialize_with = "present")]
     result: Option<&'a RawValue>,
     #[serde(borrow, default)]
     error: Option<&'a RawValue>,
     #[serde(borrow, default)]
     params: Option<&'a RawValue>,
+}
+
+/// A member that is there, `null` included (serde reads `null` into an `Option` as absent).
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'a RawValue>, D::Error> {
+    <&'a RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -410,9 +418,24 @@ pub fn canonical_text(text: &str) -> String {
     }
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(serde_json::Value::Number(n)) if !exact_number(&n, text) => text.to_string(),
+        Ok(serde_json::Value::Number(n)) => match n.as_f64().filter(|_| n.is_f64()) {
+            Some(f) if is_whole(f) => format!("{}", f as i64),
+            _ => n.to_string(),
+        },
         Ok(v) => v.to_string(),
         Err(_) => text.to_string(),
     }
+}
+
+/// Whether a number read as an `f64` is a whole number that an integer id can stand for: `1.0`,
+/// `1e0`, `10e-1` and `-0` are `1`, `1` and `0` to the peers (JavaScript numbers; pydantic's
+/// `int`), which echo them in that form. Kept as an `f64` above 2^53, where an `f64` no longer
+/// tells neighbouring integers apart. Found by the adversary review of 2026-12-06: a request
+/// with id `1.0` to the TypeScript server-everything was answered with id `1`, which matched no
+/// request in flight, so its POST stream never ended.
+fn is_whole(f: f64) -> bool {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    f.fract() == 0.0 && f.abs() <= EXACT
 }
 
 /// Whether `n`, read from `text`, is held exactly enough to stand for it (see [`canonical`]).
@@ -489,7 +512,7 @@ fn peek_fast(bytes: &[u8]) -> Option<Peek> {
 /// The common ids are their own canonical form and are copied without a parse: a string with
 /// no escape (serde_json writes back escaped only `"`, `\` and control characters, none of which
 /// it can hold unescaped) and an integer of at most 18 digits without a leading zero (a `u64` or
-/// `i64` holds it; `-0` is a float to serde_json, written `-0.0`).
+/// `i64` holds it; `-0` is a float to serde_json, whose canonical form is `0`).
 fn canonical_scanned(raw: &str) -> String {
     let digits = raw.strip_prefix('-').unwrap_or(raw).as_bytes();
     let plain_string = raw.starts_with('"') && !raw.contains('\\');
@@ -506,8 +529,8 @@ fn canonical_scanned(raw: &str) -> String {
 /// [`peek`] by serde_json: the definition of its answer, and its slow path.
 ///
 /// Its odd corners are kept (the scanner matches them): a top-level array is read as the fields
-/// in order (`[1, "x"]` is a request with id `1` and method `x`); `"result": null` is not a
-/// response; a repeated `id`, `method`, `result`, `error` or `params` makes the whole message
+/// in order (`[1, "x"]` is a request with id `1` and method `x`); `"result": null` is a response
+/// only without a method (`error: null` never is); a repeated `id`, `method`, `result`, `error` or `params` makes the whole message
 /// unreadable (`None`), and a repeated `progressToken` or `_meta` only the token; a request's
 /// `params.progressToken` is read too (before `_meta.progressToken`), and so is a progress
 /// notification's `_meta.progressToken`; params that are an array are read as `progressToken`
@@ -533,15 +556,24 @@ pub fn peek_serde(bytes: &[u8]) -> Option<Peek> {
                 .or(p.meta.and_then(|m| m.progress_token))
                 .map(canonical)
         });
+    let is_response = is_response(msg.result, msg.error, msg.method.is_some());
     Some(Peek {
         id,
         // Unescaped by serde, so `"notifications\/message"` is the known method too.
         method: msg
             .method
             .map(|m| known_method(m.as_bytes()).map_or(Cow::Owned(m), Cow::Borrowed)),
-        is_response: msg.result.is_some() || msg.error.is_some(),
+        is_response,
         progress_token,
     })
+}
+
+/// Whether a message with these members is a response: a `result` or an `error` that is not
+/// `null`, or a `"result": null` without a method (a success with nothing to say; a message that
+/// has a method too is a request or notification from a sloppy serializer).
+fn is_response(result: Option<&RawValue>, error: Option<&RawValue>, has_method: bool) -> bool {
+    let value = |r: Option<&RawValue>| r.is_some_and(|r| r.get() != "null");
+    value(result) || value(error) || (result.is_some() && !has_method)
 }
 
 /// A JSON-RPC error response with the given id (compact JSON text, or `null`).
@@ -751,7 +783,8 @@ mod tests {
         assert_eq!(id, "118446744073709551616");
         assert_eq!(canonical_text(&id), id);
         // What an f64 holds exactly enough is still rewritten, so `1e2` and `100.0` match.
-        assert_eq!(canonical_text("1.5e3"), "1500.0");
+        assert_eq!(canonical_text("1.5e3"), "1500");
+        assert_eq!(canonical_text("1.25e1"), "12.5");
         assert_eq!(canonical_text("1e2"), canonical_text("100.0"));
         // Distinct beyond an f64's precision: distinct forms (each as sent).
         assert_ne!(

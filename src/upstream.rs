@@ -268,7 +268,11 @@ pub struct UpstreamSettings {
 
 impl UpstreamSettings {
     /// From the validated `[upstream]` section.
-    pub fn from_config(cfg: &UpstreamConfig) -> Self {
+    ///
+    /// # Errors
+    /// [`crate::tls::TlsError`] when an `https://` upstream can be reached and its roots cannot
+    /// be loaded (the start checked them, so only a file that changed since).
+    pub fn from_config(cfg: &UpstreamConfig) -> Result<Self, crate::tls::TlsError> {
         let sse_url = cfg.url();
         let allowed_endpoint_origins: Vec<String> = cfg
             .allowed_endpoint_origins
@@ -277,17 +281,12 @@ impl UpstreamSettings {
             .collect();
         // The system's roots only where an `https://` connection can be made: loading them is
         // most of a start's CPU (about 20M instructions), for nothing on a plain-http sidecar.
-        let https = sse_url.tls
-            || allowed_endpoint_origins
-                .iter()
-                .any(|o| o.starts_with("https://"));
-        let tls = if https {
-            crate::tls::upstream_client(cfg.ca_file.as_deref())
-                .unwrap_or_else(|_| crate::tls::no_roots_client())
+        let tls = if cfg.reaches_https() {
+            crate::tls::upstream_client(cfg.ca_file.as_deref())?
         } else {
             crate::tls::no_roots_client()
         };
-        Self {
+        Ok(Self {
             sse_url,
             post_timeout: Duration::from_secs(cfg.post_timeout_secs),
             connect_timeout: Duration::from_secs(cfg.connect_timeout_secs),
@@ -295,7 +294,7 @@ impl UpstreamSettings {
             request_timeout: cfg.request_timeout(),
             allowed_endpoint_origins,
             tls: Arc::new(tls),
-        }
+        })
     }
 
     /// May the `endpoint` event name this origin?
@@ -721,7 +720,7 @@ mod tests {
     fn settings(url: &str) -> UpstreamSettings {
         let mut cfg = crate::config::Config::default();
         cfg.upstream.sse_url = url.into();
-        UpstreamSettings::from_config(&cfg.upstream)
+        UpstreamSettings::from_config(&cfg.upstream).expect("plain http: no roots to load")
     }
 
     /// A client whose every connection is answered with `response` (written in `pieces`-byte

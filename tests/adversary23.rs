@@ -120,7 +120,6 @@ async fn post_answered(c: &Client, get: &mut Sse, body: &str, what: &str) -> Vec
 // Canonical ids against the real peers' echo
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: an id spelled as a float (1.0) is echoed by the TS SDK as 1; the answer goes to the standalone stream and the POST stream never ends"]
 async fn adv23_float_spelled_integer_id_is_answered_on_its_post_stream() {
     let up = everything().await;
     let p = Proxy::start(&up, |_| {}).await;
@@ -204,7 +203,6 @@ async fn adv23_escaped_and_big_ids_round_trip_through_python() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: a progressToken spelled as a float (2.0) is echoed by the TS SDK as 2; the request's progress goes to the standalone stream, not its POST stream"]
 async fn adv23_float_spelled_progress_token_reaches_its_post_stream() {
     let up = everything().await;
     let p = Proxy::start(&up, |_| {}).await;
@@ -238,7 +236,6 @@ async fn adv23_float_spelled_progress_token_reaches_its_post_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: id -0 is echoed by Python FastMCP as 0; its in-flight entry stays, and the upstream's death answers the answered request again (-32091)"]
 async fn adv23_negative_zero_id_is_answered_once_on_the_legacy_face() {
     let mut up = fastmcp().await;
     let dir = tempfile::tempdir().unwrap();
@@ -356,7 +353,6 @@ async fn null_result_upstream() -> (u16, tokio::task::JoinHandle<()>) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: a JSON-RPC success response whose result is null is not read as a response; it goes to the standalone stream and the POST stream never ends"]
 async fn adv23_result_null_is_a_response() {
     let (port, _stub) = null_result_upstream().await;
     let dir = tempfile::tempdir().unwrap();
@@ -422,7 +418,6 @@ fn run_without_roots(dir: &std::path::Path, name: &str, origin: &str) -> (Option
 }
 
 #[test]
-#[ignore = "finding: HTTPS:// in allowed_endpoint_origins skips the start-time roots check (case-sensitive), the runtime then silently uses an empty root store"]
 fn adv23_uppercase_https_endpoint_origin_is_checked_for_roots_at_start() {
     let dir = tempfile::tempdir().unwrap();
     // Control: lower case, no roots: one line naming the key, exit 64, before serving.

@@ -77,7 +77,10 @@ pub(super) fn scan(bytes: &[u8]) -> Option<Envelope<'_>> {
     Some(Envelope {
         id: utf8(top.id.flatten())?,
         method: top.method.flatten(),
-        is_response: top.result.flatten().is_some() || top.error.flatten().is_some(),
+        // As `peek_serde` reads it: a `"result": null` without a method is a response too.
+        is_response: top.result.flatten().is_some()
+            || top.error.flatten().is_some()
+            || (top.result.is_some() && top.method.flatten().is_none()),
         params: top.params.flatten(),
         ctrl: s.ctrl,
     })

@@ -28,7 +28,7 @@ async fn session() -> (Arc<Registry>, Arc<Session>, tempfile::TempDir) {
     let (log, _, _) = Log::open(&cfg.log, metrics.clone()).await.unwrap();
     let up = MemoryUpstream::new(UpstreamOptions::default());
     let client = crate::upstream::memory_client(Arc::new(move |_| Ok(up.connect())));
-    let settings = UpstreamSettings::from_config(&cfg.upstream);
+    let settings = UpstreamSettings::from_config(&cfg.upstream).expect("plain http");
     let reg = Registry::with_client(cfg.sessions, log, metrics, settings, client);
     let (s, _hold) = reg
         .open(Facade::Streamable, None, None, Owner::Unknown)

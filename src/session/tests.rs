@@ -33,7 +33,7 @@ async fn fixture(f: impl FnOnce(&mut Config)) -> Fx {
     let up = MemoryUpstream::new(UpstreamOptions::default());
     let conn = up.clone();
     let client = upstream::memory_client(Arc::new(move |_| Ok(conn.connect())));
-    let settings = UpstreamSettings::from_config(&cfg.upstream);
+    let settings = UpstreamSettings::from_config(&cfg.upstream).expect("plain http");
     let reg = Registry::with_client(cfg.sessions, log, metrics, settings, client);
     Fx { reg, up, _dir: dir }
 }

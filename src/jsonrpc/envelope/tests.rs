@@ -180,13 +180,28 @@ fn null_is_absent() {
         fast(br#"{"id":null,"result":{}}"#),
         Some(p(None, None, true, None))
     );
-    // Odd but serde's: a `null` result is no response (serde reads an absent `Option`).
+    // A `null` result is a success response (found by the adversary review of 2026-12-06: it
+    // went to the standalone stream, and the POST stream waiting for it never ended)...
     assert_eq!(
         fast(br#"{"id":1,"result":null}"#),
-        Some(p(Some("1"), None, false, None))
+        Some(p(Some("1"), None, true, None))
     );
     assert_eq!(
         fast(br#"{"id":1,"error":null,"result":null}"#),
+        Some(p(Some("1"), None, true, None))
+    );
+    assert_eq!(
+        fast(br#"{"method":null,"id":1,"result":null}"#),
+        Some(p(Some("1"), None, true, None))
+    );
+    // ...but not beside a method (a request serialized with every member), and a `null` error
+    // alone is no response.
+    assert_eq!(
+        fast(br#"{"id":1,"method":"m","result":null}"#),
+        Some(p(Some("1"), Some("m"), false, None))
+    );
+    assert_eq!(
+        fast(br#"{"id":1,"error":null}"#),
         Some(p(Some("1"), None, false, None))
     );
     // With a null id a request is a notification: its params are not read.
@@ -255,7 +270,7 @@ fn where_the_token_is_read() {
     // Tokens are canonical like ids.
     assert_eq!(
         fast(br#"{"id":1,"method":"m","params":{"progressToken":1.0}}"#),
-        Some(p(Some("1"), Some("m"), false, Some("1.0")))
+        Some(p(Some("1"), Some("m"), false, Some("1")))
     );
     assert_eq!(
         fast(br#"{"id":1,"method":"m","params":{"progressToken":1.50}}"#),
@@ -270,11 +285,28 @@ fn ids_are_canonical() {
     assert_eq!(id("1").as_deref(), Some("1"));
     assert_eq!(id("0").as_deref(), Some("0"));
     assert_eq!(id("-7").as_deref(), Some("-7"));
-    assert_eq!(id("1.0").as_deref(), Some("1.0"));
-    assert_eq!(id("-0").as_deref(), Some("-0.0"));
-    assert_eq!(id("-0.0").as_deref(), Some("-0.0"));
-    assert_eq!(id("1e2").as_deref(), Some("100.0"));
-    assert_eq!(id("1E+2").as_deref(), Some("100.0"));
+    // A whole number is the integer the peers echo (JavaScript's numbers, pydantic's `int`)
+    // up to 2^53, where an f64 still tells integers apart.
+    assert_eq!(id("1.0").as_deref(), Some("1"));
+    assert_eq!(id("-0").as_deref(), Some("0"));
+    assert_eq!(id("-0.0").as_deref(), Some("0"));
+    assert_eq!(id("0e7").as_deref(), Some("0"));
+    assert_eq!(id("1e2").as_deref(), Some("100"));
+    assert_eq!(id("1E+2").as_deref(), Some("100"));
+    assert_eq!(id("10e-1").as_deref(), Some("1"));
+    assert_eq!(id("-25.0e-1").as_deref(), Some("-2.5"));
+    assert_eq!(id("123456789012345.0").as_deref(), Some("123456789012345"));
+    assert_eq!(
+        id("-1.23456789012345e14").as_deref(),
+        Some("-123456789012345")
+    );
+    assert_eq!(id("4e15").as_deref(), Some("4000000000000000"));
+    // Past 2^53, or past the 15 digits an f64 keeps: as before (the f64's form, or as sent).
+    assert_eq!(id("1e16").as_deref(), Some("1e+16"));
+    assert_eq!(
+        id("9007199254740992.0").as_deref(),
+        Some("9007199254740992.0")
+    );
     assert_eq!(id("1e400").as_deref(), Some("1e400"));
     assert_eq!(id("-1e400").as_deref(), Some("-1e400"));
     assert_eq!(
