@@ -306,6 +306,18 @@ impl Peek {
     pub fn is_request(&self) -> bool {
         self.id.is_some() && self.method.is_some()
     }
+
+    /// Why a client's message cannot be taken as MCP: a request whose id is neither a string nor
+    /// an integer ("Requests MUST include a string or integer ID"; a whole number spelled as a
+    /// float is an integer here, see [`canonical`]). A server drops such a request (the
+    /// TypeScript SDK's schema refuses it), so nothing would ever answer it; the 2026-07-28 face
+    /// refuses the same ids.
+    pub fn refusal(&self) -> Option<&'static str> {
+        let id = self.id.as_deref().filter(|_| self.is_request())?;
+        let digits = id.strip_prefix('-').unwrap_or(id);
+        let integer = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+        (!integer && !id.starts_with('"')).then_some("a request id must be a string or an integer")
+    }
 }
 
 /// The MCP methods [`Peek::method`] holds as `&'static str` instead of an owned copy: every
@@ -769,6 +781,35 @@ mod tests {
         let a = peek(br#"{"id": 1 ,"result":{}}"#).unwrap();
         let b = peek(br#"{"id":1,"method":"x"}"#).unwrap();
         assert_eq!(a.id, b.id);
+    }
+
+    #[test]
+    fn requests_whose_id_is_neither_string_nor_integer_are_refused() {
+        let refused = |m: &str| peek(m.as_bytes()).unwrap().refusal().is_some();
+        for id in [
+            "1.5",
+            "1e400",
+            "9007199254740993.0",
+            "true",
+            "[1]",
+            r#"{"a":1}"#,
+        ] {
+            assert!(refused(&format!(r#"{{"id":{id},"method":"m"}}"#)), "{id}");
+        }
+        for id in [
+            "1",
+            "-3",
+            "1.0",
+            "-0",
+            "18446744073709551616",
+            r#""x""#,
+            r#""1.5""#,
+            "null",
+        ] {
+            assert!(!refused(&format!(r#"{{"id":{id},"method":"m"}}"#)), "{id}");
+        }
+        // Not a request: an answer to the server carries the server's id, as it sent it.
+        assert!(!refused(r#"{"id":1.5,"result":{}}"#));
     }
 
     #[test]

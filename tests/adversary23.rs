@@ -14,26 +14,26 @@
 //! - `adv23_escaped_and_big_ids_round_trip_through_python`: string ids with escapes and a
 //!   surrogate pair, and an integer beyond `u64`, in front of Python FastMCP (which echoes them
 //!   unescaped / as the same digits): each answer ends its own POST stream. HELD.
-//! - FINDING `adv23_float_spelled_integer_id_is_answered_on_its_post_stream`: a Streamable HTTP
+//! - FIXED `adv23_float_spelled_integer_id_is_answered_on_its_post_stream`: a Streamable HTTP
 //!   POST `tools/call` with `"id": 1.0` in front of server-everything (the TypeScript SDK echoes
 //!   it as `"id": 1`, JavaScript numbers having one spelling): the proxy keys the request as
 //!   `1.0` (`canonical_text`: an f64 written back as `1.0`), files the answer `1` under no
 //!   request, routes it to the standalone GET stream, and the POST stream never ends. The same
 //!   with `1e0`, `1E0`, `10e-1`, `-0`.
-//! - FINDING `adv23_float_spelled_progress_token_reaches_its_post_stream`: the same for
+//! - FIXED `adv23_float_spelled_progress_token_reaches_its_post_stream`: the same for
 //!   `_meta.progressToken: 2.0` (server-everything sends `progressToken: 2`): the request's
 //!   progress notifications go to the standalone stream, not to its POST stream (design.md §6).
-//! - FINDING `adv23_negative_zero_id_is_answered_once_on_the_legacy_face`: a legacy client's
+//! - FIXED `adv23_negative_zero_id_is_answered_once_on_the_legacy_face`: a legacy client's
 //!   `"id": -0` in front of Python FastMCP (pydantic reads `-0` as the int 0 and echoes
 //!   `"id": 0`): the answer is delivered, but its in-flight entry (`-0.0`) is never completed, so
 //!   when the upstream dies the proxy answers the same request again with -32091 (I6 turned
 //!   into a second answer); with `upstream.request_timeout_secs` it is a -32093 after the answer.
-//! - FINDING `adv23_result_null_is_a_response`: a legacy upstream (a stub: neither SDK server
+//! - FIXED `adv23_result_null_is_a_response`: a legacy upstream (a stub: neither SDK server
 //!   answers `"result": null` on demand) answering a request with `{"id":N,"result":null}`, a
 //!   valid JSON-RPC 2.0 success response: `peek` reads `"result": null` as "no result" (a
 //!   documented corner of `peek_serde`, which the scanner copies), routes the answer to the
 //!   standalone stream, and the POST stream never ends.
-//! - FINDING `adv23_uppercase_https_endpoint_origin_is_checked_for_roots_at_start`: with no
+//! - FIXED `adv23_uppercase_https_endpoint_origin_is_checked_for_roots_at_start`: with no
 //!   system roots (`SSL_CERT_FILE` naming a missing file) and `upstream.allowed_endpoint_origins
 //!   = ["HTTPS://..."]`, `Config::validate` decides "no https" on the raw text
 //!   (`o.starts_with("https://")`, case-sensitive) and starts, while `UpstreamSettings` decides
@@ -41,7 +41,9 @@
 //!   store: the proxy is up and ready, and every POST to that endpoint will fail its handshake.
 //!   With `https://` in lower case the same config exits 64 naming `upstream.ca_file`.
 //!
-//! Run the findings: `cargo test --test adversary23 -- --ignored` (needs the peers of
+//! All fixed in cb2bc31 (the whole numbers are canonical integers, a `null` result without a
+//! method is a response, one `reaches_https` for the start and the runtime), and each probe here
+//! failed before it. Run: `cargo test --test adversary23` (needs the peers of
 //! `scripts/install-peers`).
 
 mod support;
@@ -81,6 +83,12 @@ fn answer_to(msgs: &[Value], id: f64) -> Option<&Value> {
             && (m.get("result").is_some() || m.get("error").is_some())
             && m["id"].as_f64() == Some(id)
     })
+}
+
+/// A response among `msgs` whose id is the string `id`.
+fn answer_to_str<'a>(msgs: &'a [Value], id: &str) -> Option<&'a Value> {
+    msgs.iter()
+        .find(|m| m.get("method").is_none() && m["id"] == id)
 }
 
 /// A POST of `body` on the sessionful face: its stream must carry its answer and end within
@@ -161,6 +169,100 @@ async fn adv23_float_spelled_integer_id_is_answered_on_its_post_stream() {
         }
     }
     assert!(lost.is_empty(), "{}", lost.join("\n"));
+    p.stop().await;
+}
+
+/// Ids that are neither strings nor integers (`1.5`, a whole number past 2^53 spelled as a float,
+/// `true`, an array, an object) are refused with 400 `invalid_request` before anything is
+/// forwarded, as the 2026-07-28 face refuses them: server-everything's schema drops such a
+/// request, so nothing would ever answer it and its POST stream would never end (the follow-up
+/// of this review's float-id finding). A batch holding one is refused whole; an integer past
+/// 64 bits and a string are still taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adv23_ids_neither_string_nor_integer_are_refused_on_the_sessionful_face() {
+    let up = everything().await;
+    let p = Proxy::start(&up, |_| {}).await;
+    let (c, _) = Client::init(p.addr(), "2025-06-18").await;
+    let mut get = c.get(None).await.sse();
+    let call = |id: &str, text: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"{text}"}}}}}}"#
+        )
+    };
+    for id in [
+        "1.5",
+        "9007199254740993.0",
+        "1e400",
+        "true",
+        "[1]",
+        r#"{"a":1}"#,
+    ] {
+        let r = c.post_raw(&call(id, "refused"), &[]).await;
+        assert_eq!(r.status, 400, "id {id}");
+        let body = r.json().await;
+        assert_eq!(body["error"]["code"], -32600, "id {id}: {body}");
+        assert_eq!(
+            body["error"]["data"]["reason"], "invalid_request",
+            "id {id}: {body}"
+        );
+    }
+    let batch = format!("[{},{}]", call("8", "in a batch"), call("2.5", "refused"));
+    let r = c.post_raw(&batch, &[]).await;
+    assert_eq!(r.status, 400, "a batch with one bad id");
+    // Nothing of the refused bodies reached the upstream: no answer anywhere (the server's own
+    // notifications may come and go on this stream).
+    let (stray, _) = events_within(&mut get, Duration::from_secs(1)).await;
+    let answers: Vec<Value> = jsons(&stray)
+        .into_iter()
+        .filter(|m| m.get("id").is_some())
+        .collect();
+    assert!(answers.is_empty(), "{answers:?}");
+    // Still taken: a string (integers past 64 bits are taken too, but server-everything's
+    // schema refuses ids past 2^53 with a 400 of its own: the Python probe above has them).
+    let msgs = post_answered(&c, &mut get, &call(r#""s-1""#, "ok"), "id \"s-1\"").await;
+    let a = answer_to_str(&msgs, "s-1").expect("answered on its stream");
+    assert_eq!(a["result"]["content"][0]["text"], "Echo: ok", "{a}");
+    p.stop().await;
+}
+
+/// The same refusal on the legacy face: 400 with the id, and the session goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adv23_ids_neither_string_nor_integer_are_refused_on_the_legacy_face() {
+    let up = fastmcp().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&up.sse_url(), dir.path(), |_| {}).await;
+    let base = format!("http://{}", p.addr);
+    let (mut sse, url, _) = legacy_session(&base).await;
+    let ct = [("content-type", "application/json")];
+    let call = |id: &str, text: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"{text}"}}}}}}"#
+        )
+    };
+    for id in ["1.5", "null", "[2]"] {
+        let (status, _, body) = request("POST", &url, &ct, &call(id, "refused")).await;
+        if id == "null" {
+            // A null id is a notification, not a request: taken (nothing answers it).
+            assert_eq!(status, 202, "{body}");
+            continue;
+        }
+        assert_eq!(status, 400, "id {id}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"]["code"], -32600, "{v}");
+        assert_eq!(
+            v["id"].to_string(),
+            serde_json::from_str::<Value>(id).unwrap().to_string(),
+            "{v}"
+        );
+    }
+    let (status, _, body) = request("POST", &url, &ct, &call("3", "after")).await;
+    assert_eq!(status, 202, "{body}");
+    let (_, m) = sse.message().await;
+    assert_eq!(
+        m["id"], 3,
+        "the next message on the stream is the answer to 3: {m}"
+    );
+    assert_eq!(m["result"]["content"][0]["text"], "after", "{m}");
     p.stop().await;
 }
 

@@ -163,6 +163,13 @@ where
     let Some(peek) = jsonrpc::peek(&body) else {
         return error_response(&Error::Parse, None);
     };
+    if let Some(why) = peek.refusal() {
+        let e = Error::Invalid {
+            answer: jsonrpc::Answer::InvalidRequest,
+            message: why.into(),
+        };
+        return error_response(&e, peek.id.as_deref());
+    }
     match session
         .forward(&ctx.reg, body, &peek, StreamTag::LEGACY)
         .await

@@ -263,6 +263,10 @@ pub async fn post(ctx: &Arc<Ctx>, caller: &Caller, req: Request<LegacyBody>) -> 
         Ok(x) => x,
         Err(r) => return *r,
     };
+    // Before anything of the body is forwarded (a batch is refused whole).
+    if let Some((m, why)) = msgs.iter().find_map(|m| Some((m, m.peek.refusal()?))) {
+        return invalid(m.peek.id.as_deref(), Answer::InvalidRequest, why);
+    }
     let init = msgs
         .iter()
         .any(|m| m.peek.method.as_deref() == Some("initialize") && m.peek.is_request());
