@@ -1,0 +1,342 @@
+//! Adversarial review 24 (main at 18028d0) of the fixes of review 23: whole numbers spelled as
+//! floats are canonical integers (`jsonrpc::canonical_text`, cb2bc31), `"result": null` without
+//! a method is a response, `UpstreamConfig::reaches_https`, and the legacy and sessionful faces
+//! refusing a request id that is neither a string nor an integer (`Peek::refusal`, 18028d0).
+//!
+//! Probes:
+//! - `adv24_proxy_answers_echo_ids_the_refusal_takes` (FINDING): ids `Peek::refusal` still takes
+//!   but `serde_json::Value` cannot hold — an integer past 64 bits, a string with a lone
+//!   surrogate — get the proxy's own answers (-32093 here; the -32091 of an upstream loss and a
+//!   batch member's upstream error are built alike) with another id: `jsonrpc::error_response`
+//!   re-parses the canonical text into a `Value`, so `123456789012345678901234567890` is answered
+//!   as `1.2345678901234568e+29` (and `…891` too), `"\udc00"` as `null`. The client cannot match
+//!   the answer to its request, so its await never resolves (I6). The Redis takeover writes the
+//!   id's text as is and gets it right.
+//! - `adv24_lone_surrogate_string_id_is_answered_on_its_post_stream` (FINDING): the float-id
+//!   finding of review 23, for strings: a string id holding a lone surrogate is kept as sent, so
+//!   only `JSON.stringify`'s spelling (`"\udc00"`) matches the TypeScript server's echo;
+//!   `"\uDC00"` and `"\udc00\u0041"` are answered `"\udc00"` / `"\udc00A"`, on the standalone
+//!   stream, and their POST streams never end.
+//! - `adv24_null_result_beside_a_method_is_a_notification` (HELD): an upstream writing every
+//!   member: a progress notification with `"result": null` for a `3.0` token reaches its POST
+//!   stream, `"result": null` beside an error is the answer, a `notifications/message` with
+//!   `"result": null` goes to the standalone stream.
+//!
+//! Held without a probe here (checked while reviewing): `canonical_text` is idempotent and the
+//! scanner agrees with `peek_serde` on float spellings, `-0`, `result`/`error`/`method` nulls,
+//! duplicates and positional arrays (300k generated messages); ids that now collide (`1` and
+//! `1.0` in flight together, `0` and `-0`, progress tokens `1` and `1.0`) behave as a repeated
+//! integer id did before (the later in-flight entry replaces the earlier: no new way to lose an
+//! answer, and a repeated in-flight id is a client error the proxy never refused);
+//! `reaches_https` reads the same parsed origins as the runtime, and an `HTTPS://` `endpoint`
+//! event is refused loudly by `upstream::resolve`; every POST the router sends to the sessionful
+//! face passes the refusal.
+//!
+//! Run: `cargo test --test adversary24 -- --include-ignored` (needs the peers of
+//! `scripts/install-peers`).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, value::RawValue, Value};
+use support::streamable::*;
+use support::*;
+
+/// Events of `sse` until it ends or `d` passes; whether it ended.
+async fn events_within(sse: &mut Sse, d: Duration) -> (Vec<Ev>, bool) {
+    let deadline = tokio::time::Instant::now() + d;
+    let mut out = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match sse.next_within(left).await {
+            Ok(Some(ev)) => out.push(ev),
+            Ok(None) => return (out, true),
+            Err(()) => return (out, false),
+        }
+    }
+}
+
+/// What a stub upstream sends on its SSE stream for one POSTed message (its raw bytes), if
+/// anything. `initialize` is answered by the stub itself.
+type Answerer = Arc<dyn Fn(&[u8]) -> Option<String> + Send + Sync>;
+
+/// The raw text of a message's `id` (as sent, `null` included), if any.
+fn raw_id(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(body)
+        .ok()?
+        .get("id")
+        .map(|r| r.get().to_string())
+}
+
+/// A legacy HTTP+SSE upstream stub: `initialize` is answered (its id echoed byte for byte), every
+/// other message is handed to `answer` (whose lines are sent as one event each).
+async fn stub_upstream(answer: Answerer) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::broadcast::channel::<String>(64);
+    drop(rx);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let tx = tx.clone();
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 8192];
+                let head_end = loop {
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    match s.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                if head.starts_with("get") {
+                    let mut rx = tx.subscribe();
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\r\nevent: endpoint\ndata: /messages?session_id=stub\n\n")
+                        .await;
+                    while let Ok(m) = rx.recv().await {
+                        // One event per line of `m`.
+                        for line in m.lines() {
+                            let ev = format!("event: message\ndata: {line}\n\n");
+                            if s.write_all(ev.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                    return;
+                }
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    match s.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 8\r\n\r\nAccepted")
+                    .await;
+                let body = &buf[head_end..head_end + len];
+                let Ok(msg) = serde_json::from_slice::<Value>(body) else {
+                    return;
+                };
+                let out = if msg["method"] == "initialize" {
+                    let id = raw_id(body).unwrap_or_else(|| "null".into());
+                    let result = json!({
+                        "protocolVersion": msg["params"]["protocolVersion"],
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "stub", "version": "0"}});
+                    Some(format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
+                    ))
+                } else {
+                    answer(body)
+                };
+                if let Some(out) = out {
+                    let _ = tx.send(out);
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The raw id of the answer (result or error, no method) in `data`; `None`: not an answer.
+fn answer_id(data: &[u8]) -> Option<String> {
+    let m = serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(data).ok()?;
+    let answer = !m.contains_key("method") && (m.contains_key("result") || m.contains_key("error"));
+    answer.then(|| {
+        m.get("id")
+            .map_or("null".to_string(), |r| r.get().to_string())
+    })
+}
+
+/// The raw ids of the answers among `evs`.
+fn answers(evs: &[Ev]) -> Vec<String> {
+    evs.iter().filter_map(|e| answer_id(&e.data)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The proxy's own answers carry the request's id
+
+/// Ids the refusal still takes (an integer past 64 bits; a string `Value` cannot hold) get the
+/// proxy's own answers (-32093 here; -32091, batch members' upstream errors alike) with another
+/// id: `jsonrpc::error_response` re-parses the canonical text (kept as sent for these) into a
+/// `serde_json::Value`, an f64 (`1.2345678901234568e29`) or nothing (`null`). The client cannot
+/// match that answer to its request: the await never resolves (I6).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finding: the proxy's -32093/-32091 answers to an integer id past u64 or a lone-surrogate string id carry another id"]
+async fn adv24_proxy_answers_echo_ids_the_refusal_takes() {
+    let port = stub_upstream(Arc::new(|_| None)).await; // never answers
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |c| {
+        c.upstream.request_timeout_secs = 1;
+    })
+    .await;
+    let (c, _) = Client::init(p.addr, "2025-06-18").await;
+    let ids = [
+        "7",
+        r#""x""#,
+        "123456789012345678901234567890",
+        "-9223372036854775809",
+        r#""\udc00""#,
+    ];
+    let mut wrong = Vec::new();
+    for id in ids {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"t","arguments":{{}}}}}}"#
+        );
+        let r = c.post_raw(&body, &[]).await;
+        assert_eq!(r.status, 200, "id {id}: taken (not refused)");
+        let mut post = r.sse();
+        let (evs, ended) = events_within(&mut post, Duration::from_secs(5)).await;
+        assert!(ended, "id {id}: the POST stream ends with its -32093");
+        let answers: Vec<String> = evs.iter().filter_map(|e| answer_id(&e.data)).collect();
+        assert_eq!(answers.len(), 1, "id {id}: {evs:?}");
+        if answers[0] != id {
+            wrong.push(format!("sent id {id}, answered with id {}", answers[0]));
+        }
+    }
+    // The legacy face alike.
+    let base = format!("http://{}", p.addr);
+    let (mut sse, url, _) = legacy_session(&base).await;
+    let ct = [("content-type", "application/json")];
+    for id in ["8", "123456789012345678901234567891"] {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"t","arguments":{{}}}}}}"#
+        );
+        let (status, _, b) = request("POST", &url, &ct, &body).await;
+        assert_eq!(status, 202, "{b}");
+        let ev = sse.next_within(Duration::from_secs(5)).await;
+        let ev = ev.ok().flatten().expect("the -32093 answer");
+        let got = answer_id(&ev.data).expect("an answer");
+        if got != id {
+            wrong.push(format!("legacy: sent id {id}, answered with id {got}"));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// String ids the canonical form keeps as sent, against the TypeScript echo
+
+/// A string id holding a lone surrogate is kept as sent (`serde_json::Value` cannot hold it), so
+/// only the spelling `JSON.stringify` writes back (`"\udc00"`: lower-case hex, every other
+/// character unescaped) matches its echo. `"\uDC00"` or `"\udc00\u0041"` (the same JavaScript
+/// strings) are answered `"\udc00"` / `"\udc00A"` by server-everything: the answer matches no
+/// request in flight, goes to the standalone stream, and the POST stream never ends — the float
+/// id finding of review 23, for strings. `Peek::refusal` takes these ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finding: a lone-surrogate string id in another spelling than JSON.stringify's is answered on the standalone stream; its POST stream never ends"]
+async fn adv24_lone_surrogate_string_id_is_answered_on_its_post_stream() {
+    let up = everything().await;
+    let p = Proxy::start(&up, |_| {}).await;
+    let (c, _) = Client::init(p.addr(), "2025-06-18").await;
+    let mut get = c.get(None).await.sse();
+    let call = |id: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"s"}}}}}}"#
+        )
+    };
+    // Control: JSON.stringify's own spelling round-trips.
+    let r = c.post_raw(&call(r#""\udc00""#), &[]).await;
+    assert_eq!(r.status, 200);
+    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(5)).await;
+    assert!(ended, "{evs:?}");
+    assert_eq!(answers(&evs), [r#""\udc00""#]);
+    // The same strings spelled otherwise, sent together.
+    let mut posts = Vec::new();
+    for id in [r#""\uDC00""#, r#""\udc00\u0041""#] {
+        let r = c.post_raw(&call(id), &[]).await;
+        assert_eq!(r.status, 200, "id {id}: taken");
+        posts.push((id, r.sse()));
+    }
+    let mut lost = Vec::new();
+    for (id, mut sse) in posts {
+        let (evs, ended) = events_within(&mut sse, Duration::from_secs(2)).await;
+        if !ended || answers(&evs).len() != 1 {
+            lost.push(format!(
+                "id {id}: ended {ended}, answers {:?}",
+                answers(&evs)
+            ));
+        }
+    }
+    let (stray, _) = events_within(&mut get, Duration::from_millis(300)).await;
+    assert!(
+        lost.is_empty(),
+        "{}; the standalone stream carried answers {:?}",
+        lost.join("; "),
+        answers(&stray)
+    );
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// `"result": null` beside a method, and with an error
+
+/// HELD: an upstream that writes every member (`"result": null` on notifications, a null result
+/// beside an error): a progress notification for a float-spelled token (`3.0`, echoed `3`) and
+/// the answer (`"result": null, "error": {…}`) come on the POST stream, which ends; a
+/// `notifications/message` with `"result": null` is a notification for the standalone stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adv24_null_result_beside_a_method_is_a_notification() {
+    let port = stub_upstream(Arc::new(|body| {
+        let id = raw_id(body)?;
+        let progress = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":3,"progress":1},"result":null,"id":null}"#;
+        let message = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"m"},"result":null}"#;
+        let answer = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"result":null,"error":{{"code":-32000,"message":"no"}}}}"#
+        );
+        // One SSE event per line.
+        Some(format!("{progress}\n{message}\n{answer}"))
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |_| {}).await;
+    let (c, _) = Client::init(p.addr, "2025-06-18").await;
+    let mut get = c.get(None).await.sse();
+    let body = r#"{"jsonrpc":"2.0","id":40,"method":"tools/call","params":{"name":"t","arguments":{},"_meta":{"progressToken":3.0}}}"#;
+    let r = c.post_raw(body, &[]).await;
+    assert_eq!(r.status, 200);
+    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(3)).await;
+    let (stray, _) = events_within(&mut get, Duration::from_millis(500)).await;
+    let text = |evs: &[Ev]| -> Vec<String> {
+        evs.iter()
+            .filter(|e| !e.is_priming())
+            .map(|e| String::from_utf8_lossy(&e.data).into_owned())
+            .collect()
+    };
+    assert!(
+        ended,
+        "POST stream {:?}; standalone {:?}",
+        text(&evs),
+        text(&stray)
+    );
+    let post = text(&evs);
+    assert_eq!(post.len(), 2, "{post:?}");
+    assert!(post[0].contains("notifications/progress"), "{post:?}");
+    assert!(
+        post[1].contains(r#""id":40"#) && post[1].contains("-32000"),
+        "{post:?}"
+    );
+    let standalone = text(&stray);
+    assert!(
+        standalone
+            .iter()
+            .any(|m| m.contains("notifications/message")),
+        "{standalone:?}"
+    );
+    p.stop().await;
+}
