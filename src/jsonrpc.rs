@@ -312,11 +312,23 @@ impl Peek {
     /// float is an integer here, see [`canonical`]). A server drops such a request (the
     /// TypeScript SDK's schema refuses it), so nothing would ever answer it; the 2026-07-28 face
     /// refuses the same ids.
+    ///
+    /// Also a request whose id or progress token is a string that is not Unicode (a lone
+    /// surrogate escape): it is kept as sent ([`canonical`]), and a server writes it back in its
+    /// own spelling (`"\uDC00"` comes back `"\udc00"`), so its answer or progress would match
+    /// nothing (found by the adversary review of 2026-12-06, `tests/adversary24.rs`).
     pub fn refusal(&self) -> Option<&'static str> {
         let id = self.id.as_deref().filter(|_| self.is_request())?;
-        let digits = id.strip_prefix('-').unwrap_or(id);
-        let integer = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
-        (!integer && !id.starts_with('"')).then_some("a request id must be a string or an integer")
+        if !string_or_integer(id) {
+            return Some("a request id must be a string or an integer");
+        }
+        let not_unicode = |s: &str| {
+            s.starts_with('"') && s.contains("\\u") && serde_json::from_str::<String>(s).is_err()
+        };
+        if not_unicode(id) || self.progress_token.as_deref().is_some_and(not_unicode) {
+            return Some("a request id or progress token must be a string of Unicode characters");
+        }
+        None
     }
 }
 
@@ -588,14 +600,51 @@ fn is_response(result: Option<&RawValue>, error: Option<&RawValue>, has_method: 
     value(result) || value(error) || (result.is_some() && !has_method)
 }
 
+/// Whether canonical id text is a string or an integer (of any length): the ids MCP allows.
+fn string_or_integer(id: &str) -> bool {
+    let digits = id.strip_prefix('-').unwrap_or(id);
+    id.starts_with('"') || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// A JSON-RPC error response with the given id (compact JSON text, or `null`).
+///
+/// A string or integer id is written as its text, not through `serde_json::Value`: one that
+/// `Value` cannot hold (an integer past 64 bits, a string with a lone surrogate) came back as an
+/// `f64` or `null`, so the proxy's own answers (-32091, -32093) matched no request the client had
+/// sent; found by the adversary review of 2026-12-06 (`tests/adversary24.rs`). Any other id (only
+/// a refusal answers one) goes through `Value`, so the body stays one a JSON parser reads
+/// (`1e400` becomes `null`, as before).
 pub fn error_response(id: &str, code: i64, message: &str, data: serde_json::Value) -> String {
-    let body = serde_json::json!({
-        "jsonrpc": "2.0",
-        "id": serde_json::from_str::<serde_json::Value>(id).unwrap_or(serde_json::Value::Null),
-        "error": {"code": code, "message": message, "data": data},
-    });
-    body.to_string()
+    #[derive(serde::Serialize)]
+    struct Body<'a> {
+        jsonrpc: &'static str,
+        id: &'a RawValue,
+        error: ErrorBody<'a>,
+    }
+    #[derive(serde::Serialize)]
+    struct ErrorBody<'a> {
+        code: i64,
+        message: &'a str,
+        data: serde_json::Value,
+    }
+    let id = id.trim();
+    let text: Cow<'_, str> = if string_or_integer(id) {
+        Cow::Borrowed(id)
+    } else {
+        Cow::Owned(
+            serde_json::from_str::<serde_json::Value>(id).map_or("null".into(), |v| v.to_string()),
+        )
+    };
+    let body = Body {
+        jsonrpc: "2.0",
+        id: serde_json::from_str::<&RawValue>(&text).unwrap_or(RawValue::NULL),
+        error: ErrorBody {
+            code,
+            message,
+            data,
+        },
+    };
+    serde_json::to_string(&body).expect("a JSON-RPC error serializes")
 }
 
 /// Best-effort recovery of a JSON-RPC `id` from the start and end of a message too large to keep.
@@ -810,6 +859,16 @@ mod tests {
         }
         // Not a request: an answer to the server carries the server's id, as it sent it.
         assert!(!refused(r#"{"id":1.5,"result":{}}"#));
+        // Strings that are not Unicode, as an id or a progress token; escaped Unicode is fine.
+        assert!(refused(r#"{"id":"\uDC00","method":"m"}"#));
+        assert!(refused(r#"{"id":"a\ud800b","method":"m"}"#));
+        assert!(refused(
+            r#"{"id":1,"method":"m","params":{"_meta":{"progressToken":"\udc00"}}}"#
+        ));
+        assert!(!refused(r#"{"id":"\ud83d\ude00\u0041","method":"m"}"#));
+        assert!(!refused(
+            r#"{"id":1,"method":"m","params":{"_meta":{"progressToken":"\u00e9"}}}"#
+        ));
     }
 
     #[test]

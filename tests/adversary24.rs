@@ -4,19 +4,21 @@
 //! refusing a request id that is neither a string nor an integer (`Peek::refusal`, 18028d0).
 //!
 //! Probes:
-//! - `adv24_proxy_answers_echo_ids_the_refusal_takes` (FINDING): ids `Peek::refusal` still takes
+//! - `adv24_proxy_answers_echo_ids_the_refusal_takes` (FOUND, fixed): ids `Peek::refusal` still takes
 //!   but `serde_json::Value` cannot hold — an integer past 64 bits, a string with a lone
 //!   surrogate — get the proxy's own answers (-32093 here; the -32091 of an upstream loss and a
 //!   batch member's upstream error are built alike) with another id: `jsonrpc::error_response`
 //!   re-parses the canonical text into a `Value`, so `123456789012345678901234567890` is answered
 //!   as `1.2345678901234568e+29` (and `…891` too), `"\udc00"` as `null`. The client cannot match
 //!   the answer to its request, so its await never resolves (I6). The Redis takeover writes the
-//!   id's text as is and gets it right.
-//! - `adv24_lone_surrogate_string_id_is_answered_on_its_post_stream` (FINDING): the float-id
+//!   id's text as is and gets it right. Fixed: `error_response` writes a string or integer id as
+//!   its text.
+//! - `adv24_lone_surrogate_string_ids_are_refused` (FOUND, fixed by refusing them): the float-id
 //!   finding of review 23, for strings: a string id holding a lone surrogate is kept as sent, so
 //!   only `JSON.stringify`'s spelling (`"\udc00"`) matches the TypeScript server's echo;
 //!   `"\uDC00"` and `"\udc00\u0041"` are answered `"\udc00"` / `"\udc00A"`, on the standalone
-//!   stream, and their POST streams never end.
+//!   stream, and their POST streams never end. `Peek::refusal` now refuses an id or progress
+//!   token that is not Unicode, every spelling alike.
 //! - `adv24_null_result_beside_a_method_is_a_notification` (HELD): an upstream writing every
 //!   member: a progress notification with `"result": null` for a `3.0` token reaches its POST
 //!   stream, `"result": null` beside an error is the answer, a `notifications/message` with
@@ -32,7 +34,7 @@
 //! event is refused loudly by `upstream::resolve`; every POST the router sends to the sessionful
 //! face passes the refusal.
 //!
-//! Run: `cargo test --test adversary24 -- --include-ignored` (needs the peers of
+//! Run: `cargo test --test adversary24` (needs the peers of
 //! `scripts/install-peers`).
 
 mod support;
@@ -176,7 +178,6 @@ fn answers(evs: &[Ev]) -> Vec<String> {
 /// `serde_json::Value`, an f64 (`1.2345678901234568e29`) or nothing (`null`). The client cannot
 /// match that answer to its request: the await never resolves (I6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: the proxy's -32093/-32091 answers to an integer id past u64 or a lone-surrogate string id carry another id"]
 async fn adv24_proxy_answers_echo_ids_the_refusal_takes() {
     let port = stub_upstream(Arc::new(|_| None)).await; // never answers
     let dir = tempfile::tempdir().unwrap();
@@ -190,7 +191,6 @@ async fn adv24_proxy_answers_echo_ids_the_refusal_takes() {
         r#""x""#,
         "123456789012345678901234567890",
         "-9223372036854775809",
-        r#""\udc00""#,
     ];
     let mut wrong = Vec::new();
     for id in ids {
@@ -234,52 +234,48 @@ async fn adv24_proxy_answers_echo_ids_the_refusal_takes() {
 
 /// A string id holding a lone surrogate is kept as sent (`serde_json::Value` cannot hold it), so
 /// only the spelling `JSON.stringify` writes back (`"\udc00"`: lower-case hex, every other
-/// character unescaped) matches its echo. `"\uDC00"` or `"\udc00\u0041"` (the same JavaScript
-/// strings) are answered `"\udc00"` / `"\udc00A"` by server-everything: the answer matches no
-/// request in flight, goes to the standalone stream, and the POST stream never ends — the float
-/// id finding of review 23, for strings. `Peek::refusal` takes these ids.
+/// character unescaped) matched its echo: `"\uDC00"` or `"\udc00\u0041"` were answered
+/// `"\udc00"` / `"\udc00A"` by server-everything, on the standalone stream, and their POST
+/// streams never ended (found by this review; the float-id finding of review 23, for strings).
+/// Fixed by refusing them (`Peek::refusal`: not Unicode), every spelling alike, with the id
+/// echoed as sent; a progress token of that kind too. Nothing is forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: a lone-surrogate string id in another spelling than JSON.stringify's is answered on the standalone stream; its POST stream never ends"]
-async fn adv24_lone_surrogate_string_id_is_answered_on_its_post_stream() {
+async fn adv24_lone_surrogate_string_ids_are_refused() {
     let up = everything().await;
     let p = Proxy::start(&up, |_| {}).await;
     let (c, _) = Client::init(p.addr(), "2025-06-18").await;
     let mut get = c.get(None).await.sse();
-    let call = |id: &str| {
+    let call = |id: &str, token: &str| {
         format!(
-            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"s"}}}}}}"#
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"s"}},"_meta":{{"progressToken":{token}}}}}}}"#
         )
     };
-    // Control: JSON.stringify's own spelling round-trips.
-    let r = c.post_raw(&call(r#""\udc00""#), &[]).await;
+    for (id, token) in [
+        (r#""\udc00""#, "1"),
+        (r#""\uDC00""#, "2"),
+        (r#""\udc00\u0041""#, "3"),
+        ("9", r#""\ud800""#),
+    ] {
+        let r = c.post_raw(&call(id, token), &[]).await;
+        assert_eq!(r.status, 400, "id {id}, token {token}: refused");
+        let body = r.bytes().await;
+        assert_eq!(
+            answer_id(&body).as_deref(),
+            Some(id),
+            "the id as sent: {body:?}"
+        );
+        let text = String::from_utf8_lossy(&body);
+        assert!(text.contains("invalid_request"), "{text}");
+    }
+    // Escaped Unicode that is Unicode is taken, and answered on its stream.
+    let r = c.post_raw(&call(r#""\u00e9\ud83d\ude00""#, "4"), &[]).await;
     assert_eq!(r.status, 200);
     let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(5)).await;
     assert!(ended, "{evs:?}");
-    assert_eq!(answers(&evs), [r#""\udc00""#]);
-    // The same strings spelled otherwise, sent together.
-    let mut posts = Vec::new();
-    for id in [r#""\uDC00""#, r#""\udc00\u0041""#] {
-        let r = c.post_raw(&call(id), &[]).await;
-        assert_eq!(r.status, 200, "id {id}: taken");
-        posts.push((id, r.sse()));
-    }
-    let mut lost = Vec::new();
-    for (id, mut sse) in posts {
-        let (evs, ended) = events_within(&mut sse, Duration::from_secs(2)).await;
-        if !ended || answers(&evs).len() != 1 {
-            lost.push(format!(
-                "id {id}: ended {ended}, answers {:?}",
-                answers(&evs)
-            ));
-        }
-    }
-    let (stray, _) = events_within(&mut get, Duration::from_millis(300)).await;
-    assert!(
-        lost.is_empty(),
-        "{}; the standalone stream carried answers {:?}",
-        lost.join("; "),
-        answers(&stray)
-    );
+    assert_eq!(answers(&evs).len(), 1, "{evs:?}");
+    // Nothing of the refused ones was forwarded: no answer on the standalone stream.
+    let (stray, _) = events_within(&mut get, Duration::from_millis(500)).await;
+    assert!(answers(&stray).is_empty(), "{:?}", answers(&stray));
     p.stop().await;
 }
 
