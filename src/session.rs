@@ -72,6 +72,17 @@ impl Drop for TimerGuard {
 const OPENING: StreamTag = StreamTag(u64::MAX);
 
 /// The log kind of an answer on `stream`: it ends a POST stream.
+/// The refusal of a request whose id is that of a request still in flight in its session (MCP:
+/// "The request ID MUST NOT have been previously used by the requestor within the same
+/// session"). Found by the adversary review of 2026-12-06: the second one's entry replaced the
+/// first's, so the first answer went to the second's stream and the first's never ended.
+pub fn id_in_flight() -> Error {
+    Error::Invalid {
+        answer: jsonrpc::Answer::InvalidRequest,
+        message: "a request with this id is already in flight in this session".into(),
+    }
+}
+
 fn answer_kind(stream: StreamTag) -> Kind {
     if stream.is_post() {
         Kind::Final
@@ -238,6 +249,11 @@ impl Session {
         if let Some(id) = &request_id {
             {
                 let mut st = self.lock();
+                if st.inflight.contains_key(id) {
+                    // Its entry would replace the other request's: one answer would go to the
+                    // other's stream and the other's stream would never end. Loud instead.
+                    return Err(id_in_flight());
+                }
                 st.next_serial += 1;
                 let serial = st.next_serial;
                 let timer = reg.upstream.request_timeout.map(|after| {
@@ -296,6 +312,11 @@ impl Session {
                 Err(e)
             }
         }
+    }
+
+    /// Is a request with this (canonical) id in flight, not yet answered?
+    pub fn in_flight(&self, id: &str) -> bool {
+        self.lock().inflight.contains_key(id)
     }
 
     fn forget(&self, id: &str) -> Option<Inflight> {

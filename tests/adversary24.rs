@@ -336,3 +336,93 @@ async fn adv24_null_result_beside_a_method_is_a_notification() {
     );
     p.stop().await;
 }
+
+// ---------------------------------------------------------------------------------------------
+// An id already in flight
+
+/// Noted by this review (held as "no new way", but a way): a request whose id is that of a
+/// request still in flight in the session replaced its in-flight entry, so the first answer went
+/// to the second request's stream and the first's stream never ended. Now refused with 400
+/// `invalid_request` (MCP: an id must not be reused within the session), on both faces and for a
+/// batch as a whole, before anything of it is forwarded; the first request is answered once, on
+/// its own stream. server-everything's long-running tool keeps the first in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adv24_an_id_in_flight_is_refused_and_the_first_keeps_its_answer() {
+    let up = everything().await;
+    let p = Proxy::start(&up, |_| {}).await;
+    // 2025-03-26: the last version with batches.
+    let (c, _) = Client::init(p.addr(), "2025-03-26").await;
+    let slow = |id: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"trigger-long-running-operation","arguments":{{"duration":2,"steps":2}}}}}}"#
+        )
+    };
+    let echo = |id: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"m"}}}}}}"#
+        )
+    };
+    let first = c.post_raw(&slow("5"), &[]).await;
+    assert_eq!(first.status, 200);
+    // The same id again, in its other spelling, and in batches (one with a new id before it).
+    for body in [
+        echo("5"),
+        echo("5.0"),
+        format!("[{},{}]", echo("6"), echo("5")),
+        format!("[{},{}]", echo("7"), echo("7")),
+    ] {
+        let r = c.post_raw(&body, &[]).await;
+        assert_eq!(r.status, 400, "{body}");
+        let v = r.json().await;
+        assert_eq!(v["error"]["code"], -32600, "{v}");
+        assert_eq!(v["error"]["data"]["reason"], "invalid_request", "{v}");
+    }
+    // The first request's stream ends with its own answer, once.
+    let (evs, ended) = events_within(&mut first.sse(), Duration::from_secs(10)).await;
+    assert!(ended, "{evs:?}");
+    assert_eq!(answers(&evs), ["5"], "{evs:?}");
+    let done = evs
+        .iter()
+        .filter_map(|e| serde_json::from_slice::<Value>(&e.data).ok())
+        .find(|m| m.get("result").is_some())
+        .expect("its result");
+    assert!(
+        done["result"]["content"][0]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("completed")),
+        "{done}"
+    );
+    // Answered, the id may go again (nothing of the refused ones was forwarded: 6 and 7 are new).
+    for id in ["5", "6", "7"] {
+        let r = c.post_raw(&echo(id), &[]).await;
+        assert_eq!(r.status, 200, "id {id}");
+        let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(5)).await;
+        assert!(ended, "{evs:?}");
+        assert_eq!(answers(&evs), [id], "{evs:?}");
+    }
+
+    // The legacy face: the second POST is refused; the first's answer comes once.
+    let base = format!("http://{}", p.addr());
+    let (mut sse, url, _) = legacy_session(&base).await;
+    let ct = [("content-type", "application/json")];
+    let (status, _, b) = request("POST", &url, &ct, &slow("9")).await;
+    assert_eq!(status, 202, "{b}");
+    let (status, _, b) = request("POST", &url, &ct, &echo("9")).await;
+    assert_eq!(status, 400, "{b}");
+    assert_eq!(serde_json::from_str::<Value>(&b).unwrap()["id"], 9, "{b}");
+    let mut got = Vec::new();
+    while let Ok(Some(ev)) = sse.next_within(Duration::from_secs(6)).await {
+        if let Some(id) = answer_id(&ev.data) {
+            got.push(id);
+            break;
+        }
+    }
+    assert_eq!(got, ["9"]);
+    let (evs, _) = events_within(&mut sse, Duration::from_millis(500)).await;
+    assert!(
+        answers(&evs).is_empty(),
+        "a second answer: {:?}",
+        answers(&evs)
+    );
+    p.stop().await;
+}

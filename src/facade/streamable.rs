@@ -382,6 +382,17 @@ async fn answer(
     with_session_header: bool,
 ) -> Resp {
     let reg = &ctx.reg;
+    // An id twice in the batch, or that of a request still in flight: refused before anything
+    // is forwarded (the session refuses it too, for one that wins a race with another POST).
+    let mut ids = std::collections::HashSet::new();
+    for id in msgs
+        .iter()
+        .filter_map(|m| m.peek.id.as_deref().filter(|_| m.peek.is_request()))
+    {
+        if !ids.insert(id) || session.in_flight(id) {
+            return error_response(&crate::session::id_in_flight(), Some(id));
+        }
+    }
     let tag = session.new_post_stream();
     let requests = msgs.iter().filter(|m| m.peek.is_request()).count();
     let after = session.log.head();
@@ -409,18 +420,25 @@ async fn answer(
             m.peek.id.as_deref().filter(|_| m.peek.is_request()),
             e.is_timeout(),
         ) {
-            // The upstream refused this batch member: answer it on the stream, so the batch's
-            // stream still carries one response per request.
-            let status = e.status();
-            let a = Answer::UpstreamError;
-            let body = jsonrpc::error_response(
-                id,
-                a.code(),
-                &format!("forwarding to the upstream failed: {e}"),
-                json!({"reason": a.reason(), "status": status}),
-            );
+            // The upstream refused this batch member, or the session did (its id went in flight
+            // meanwhile, from another POST): answer it on the stream, so the batch's stream still
+            // carries one response per request. A refusal completes nothing: the id's entry in
+            // flight is the other request's.
+            let refused = matches!(e, Error::Invalid { .. });
+            let body = if refused {
+                let a = e.answer();
+                jsonrpc::error_response(id, a.code(), &e.to_string(), json!({"reason": a.reason()}))
+            } else {
+                let a = Answer::UpstreamError;
+                jsonrpc::error_response(
+                    id,
+                    a.code(),
+                    &format!("forwarding to the upstream failed: {e}"),
+                    json!({"reason": a.reason(), "status": e.status()}),
+                )
+            };
             let mut ev = NewEvent::new(tag, Kind::Final, Bytes::from(body));
-            ev.completes = Some(id.to_string());
+            ev.completes = (!refused).then(|| id.to_string());
             if let Err(e) = reg.log.append(&session.log, ev).await {
                 tracing::error!(session = %session.log.tag, error = %e, "cannot log a batch member's error");
             }

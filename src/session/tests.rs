@@ -402,3 +402,41 @@ async fn a_request_the_upstream_refuses_404_gets_its_answer_on_the_stream_not_a_
         .expect_err("a notification has no answer to carry the news");
     assert!(matches!(r, Error::UpstreamLost), "{r:?}");
 }
+
+/// A request whose id is that of one still in flight is refused, not recorded over it (its entry
+/// would replace the first's: the first answer would go to the second's stream). The session's
+/// own check: the faces check first, and this one holds when two POSTs race.
+#[tokio::test(start_paused = true)]
+async fn a_request_whose_id_is_in_flight_is_refused_and_the_first_stays_recorded() {
+    let fx = fixture(|_| {}).await;
+    let s = open(&fx, Facade::Streamable, Owner::Unknown).await;
+    let (a, b) = (s.new_post_stream(), s.new_post_stream());
+    // `count` with a long interval answers only after it: the first stays in flight.
+    let slow =
+        Bytes::from(call(4, "count", json!({"n": 1, "interval_ms": 3_600_000}), None).to_string());
+    let peek = jsonrpc::peek(&slow).unwrap();
+    s.forward(&fx.reg, slow, &peek, a).await.expect("forwarded");
+    assert!(s.in_flight("4"));
+    for again in [
+        call(4, "echo", json!({"text": "x"}), None).to_string(),
+        r#"{"jsonrpc":"2.0","id":4.0,"method":"tools/call","params":{"name":"echo","arguments":{"text":"y"}}}"#.to_string(),
+    ] {
+        let body = Bytes::from(again);
+        let peek = jsonrpc::peek(&body).unwrap();
+        let e = s
+            .forward(&fx.reg, body, &peek, b)
+            .await
+            .expect_err("an id in flight");
+        assert!(matches!(e, Error::Invalid { .. }), "{e:?}");
+    }
+    // Still the first's entry, on its stream.
+    assert_eq!(s.lock().inflight.get("4").map(|i| i.stream), Some(a));
+    // A notification with that id's number in its params is no request: taken.
+    let note = Bytes::from(
+        r#"{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":4}}"#,
+    );
+    let peek = jsonrpc::peek(&note).unwrap();
+    s.forward(&fx.reg, note, &peek, StreamTag::STANDALONE)
+        .await
+        .expect("a notification is forwarded");
+}
