@@ -1,0 +1,448 @@
+//! Adversarial review 25 (main at 36c250f) of the fixes of review 24: `jsonrpc::error_response`
+//! writes a string or integer id as its text, `Peek::refusal` refuses ids and progress tokens that
+//! are not Unicode (ebf943d), and a request whose id is already in flight in its session is
+//! refused (36c250f: `Session::forward` under the session lock, the Streamable face's pre-check of
+//! a POST, a batch member that loses a race answered on the batch's stream).
+//!
+//! Probes:
+//! - `adv25_a_late_answer_to_a_timed_out_id_goes_to_the_request_that_reused_it` (FOUND): an id
+//!   leaves the in-flight set when its `upstream.request_timeout_secs` answer (-32093) is logged,
+//!   though the upstream still has that request in flight; the proxy takes a new request with the
+//!   same id (an answered id may go again), and the upstream's late answer to the first is routed
+//!   to the second's stream as its answer (`Session::route` looks up the in-flight entry before
+//!   the timed-out set), while the second's own answer is dropped as "late".
+//! - `adv25_a_cancelled_requests_post_stream_ends` (FOUND): after the client's
+//!   `notifications/cancelled`, the TypeScript server (as MCP says it SHOULD) never answers the
+//!   request, so it stays in flight for the life of the session: its POST stream never ends
+//!   (and its id is refused, on both faces, which MCP's no-reuse rule excuses).
+//! - `adv25_the_in_flight_refusal_echoes_the_id` (HELD): the 400 of an id in flight carries an
+//!   integer past 64 bits as sent, an escaped string as the same string (single and batch).
+//! - `adv25_client_responses_with_an_in_flight_id_are_taken` (HELD): a client's response to a
+//!   server request whose id equals one of the client's own requests in flight is not refused
+//!   (alone, in a batch of responses and notifications, beside a request; legacy face too).
+//! - `adv25_a_batch_member_that_loses_the_race_is_answered_on_the_batch_stream` (HELD): a batch
+//!   passes the pre-check, another POST takes one of its ids while the batch is being forwarded:
+//!   the batch's stream carries the member's refusal and ends; the other POST keeps its answer.
+//!
+//! Run: `cargo test --test adversary25 -- --include-ignored` (needs the peers of
+//! `scripts/install-peers`).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, value::RawValue, Value};
+use support::streamable::*;
+use support::*;
+
+/// Events of `sse` until it ends or `d` passes; whether it ended.
+async fn events_within(sse: &mut Sse, d: Duration) -> (Vec<Ev>, bool) {
+    let deadline = tokio::time::Instant::now() + d;
+    let mut out = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match sse.next_within(left).await {
+            Ok(Some(ev)) => out.push(ev),
+            Ok(None) => return (out, true),
+            Err(()) => return (out, false),
+        }
+    }
+}
+
+/// The raw text of a message's `id` (as sent, `null` included), if any.
+fn raw_id(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(body)
+        .ok()?
+        .get("id")
+        .map(|r| r.get().to_string())
+}
+
+/// The raw id of the answer (result or error, no method) in `data`; `None`: not an answer.
+fn answer_id(data: &[u8]) -> Option<String> {
+    let m = serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(data).ok()?;
+    let answer = !m.contains_key("method") && (m.contains_key("result") || m.contains_key("error"));
+    answer.then(|| {
+        m.get("id")
+            .map_or("null".to_string(), |r| r.get().to_string())
+    })
+}
+
+/// The answers among `evs`, parsed.
+fn answer_msgs(evs: &[Ev]) -> Vec<Value> {
+    evs.iter()
+        .filter(|e| answer_id(&e.data).is_some())
+        .map(|e| e.json())
+        .collect()
+}
+
+/// A legacy HTTP+SSE upstream stub. `initialize` is answered (its id echoed byte for byte).
+/// A `tools/call` is answered from its arguments: `text` comes back as the result's text after
+/// `delay_ms` (never, with `"never": true`), and the POST itself is acknowledged (202) only after
+/// `post_delay_ms`. Every other POSTed body is recorded in the returned list.
+async fn stub_upstream() -> (u16, Arc<Mutex<Vec<Value>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let l = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let port = l.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::broadcast::channel::<String>(64);
+    drop(rx);
+    let seen2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            let tx = tx.clone();
+            let seen = seen2.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut b = [0u8; 8192];
+                let head_end = loop {
+                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break i + 4;
+                    }
+                    match s.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                if head.starts_with("get") {
+                    let mut rx = tx.subscribe();
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\r\nevent: endpoint\ndata: /messages?session_id=stub\n\n")
+                        .await;
+                    while let Ok(m) = rx.recv().await {
+                        let ev = format!("event: message\ndata: {m}\n\n");
+                        if s.write_all(ev.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                    return;
+                }
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while buf.len() < head_end + len {
+                    match s.read(&mut b).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&b[..n]),
+                    }
+                }
+                let body = buf[head_end..head_end + len].to_vec();
+                let msg = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+                let args = &msg["params"]["arguments"];
+                let post_delay = args["post_delay_ms"].as_u64().unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(post_delay)).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 8\r\n\r\nAccepted")
+                    .await;
+                drop(s);
+                let id = raw_id(&body).unwrap_or_else(|| "null".into());
+                if msg["method"] == "initialize" {
+                    let result = json!({
+                        "protocolVersion": msg["params"]["protocolVersion"],
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "stub", "version": "0"}});
+                    let _ = tx.send(format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
+                    ));
+                } else if msg["method"] == "tools/call" {
+                    if args["never"] == true {
+                        return;
+                    }
+                    let delay = args["delay_ms"].as_u64().unwrap_or(0);
+                    let result = json!({"content": [{"type": "text", "text": args["text"]}]});
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    let _ = tx.send(format!(
+                        r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
+                    ));
+                } else {
+                    seen.lock().unwrap().push(msg);
+                }
+            });
+        }
+    });
+    (port, seen)
+}
+
+/// A `tools/call` for the stub with id text `id` and arguments `args`.
+fn stub_call(id: &str, args: Value) -> String {
+    format!(
+        r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"t","arguments":{args}}}}}"#
+    )
+}
+
+/// The text of an answer's result (`None`: an error, or no answer).
+fn result_text(m: &Value) -> Option<&str> {
+    m["result"]["content"][0]["text"].as_str()
+}
+
+// ---------------------------------------------------------------------------------------------
+// A timed-out id is still in flight upstream
+
+/// FOUND: a request answered -32093 by `upstream.request_timeout_secs` is still in flight at the
+/// upstream, but its id leaves the proxy's in-flight set, so a new request with that id is taken
+/// (the proxy lets an answered id go again, `adv24_…_the_first_keeps_its_answer`). The upstream's
+/// late answer to the first then finds the second's in-flight entry (`Session::route` looks it up
+/// before the timed-out ids) and is delivered on the second's POST stream as its answer; the
+/// second's own answer, arriving next, is dropped as a "late response". The client gets an answer
+/// that belongs to another request, and its own is lost silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finding: a late upstream answer to a timed-out request is delivered as the answer to a later request reusing its id; the later request's own answer is dropped"]
+async fn adv25_a_late_answer_to_a_timed_out_id_goes_to_the_request_that_reused_it() {
+    let (port, _) = stub_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |c| {
+        c.upstream.request_timeout_secs = 2;
+    })
+    .await;
+    let (c, _) = Client::init(p.addr, "2025-06-18").await;
+    // The upstream answers the first after 3 s: 1 s after its -32093.
+    let r = c
+        .post_raw(
+            &stub_call("5", json!({"text": "first", "delay_ms": 3000})),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(4)).await;
+    assert!(ended, "{evs:?}");
+    let first = answer_msgs(&evs);
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(first[0]["error"]["code"], -32093, "{first:?}");
+    // Answered: the client may send the id again (the proxy takes it). The upstream answers this
+    // one 1.5 s later, after the first's late answer.
+    let r = c
+        .post_raw(
+            &stub_call("5", json!({"text": "second", "delay_ms": 1500})),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200, "an answered id is taken again");
+    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(4)).await;
+    assert!(ended, "{evs:?}");
+    let second = answer_msgs(&evs);
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_eq!(
+        result_text(&second[0]),
+        Some("second"),
+        "the second request got another request's answer: {}",
+        second[0]
+    );
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A cancelled request
+
+/// FOUND: MCP's cancellation — the client sends `notifications/cancelled` for its request, and
+/// the server "SHOULD NOT send a response for the cancelled request" (the TypeScript SDK's
+/// servers never do: `Protocol` drops the handler's result once aborted; its clients cancel
+/// every request still unanswered after 60 s by default). Nothing ever takes the request out of
+/// the proxy's in-flight set, so the cancelled request's POST stream never ends: its connection
+/// and stream task are held for the session's life, and when the session ends the cancelled
+/// request gets a -32091 "answer". (Its id is also refused, 400 "already in flight", for the rest
+/// of the session, on both faces: MCP forbids reusing an id anyway, so that alone is no finding;
+/// it is checked here only as a symptom of the entry staying.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "finding: a cancelled request stays in flight for the session's life: its POST stream never ends"]
+async fn adv25_a_cancelled_requests_post_stream_ends() {
+    let up = everything().await;
+    let p = Proxy::start(&up, |_| {}).await;
+    let (c, _) = Client::init(p.addr(), "2025-06-18").await;
+    let slow = |id: &str| {
+        format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"trigger-long-running-operation","arguments":{{"duration":1,"steps":1}}}}}}"#
+        )
+    };
+    let cancel = |id: u64| {
+        json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": id, "reason": "the user gave up"}})
+    };
+    let first = c.post_raw(&slow("5"), &[]).await;
+    assert_eq!(first.status, 200);
+    let mut first = first.sse();
+    // The legacy face: no POST stream, but the same in-flight entry.
+    let base = format!("http://{}", p.addr());
+    let (mut sse, url, _) = legacy_session(&base).await;
+    let ct = [("content-type", "application/json")];
+    let (status, _, b) = request("POST", &url, &ct, &slow("9")).await;
+    assert_eq!(status, 202, "{b}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(c.post(&cancel(5)).await.status, 202);
+    assert_eq!(post(&url, &cancel(9)).await.0, 202);
+    // The operation ends after 1 s; the server drops its result.
+    let (evs, ended) = events_within(&mut first, Duration::from_secs(3)).await;
+    let (legacy_evs, _) = events_within(&mut sse, Duration::from_millis(100)).await;
+    assert!(
+        answer_msgs(&legacy_evs).is_empty(),
+        "the server answered a cancelled request: {legacy_evs:?}"
+    );
+    // The symptom: both ids are still in flight.
+    let refused = |status: u16, body: &str| status == 400 && body.contains("already in flight");
+    let r = c.post_raw(&slow("5"), &[]).await;
+    let status = r.status;
+    let streamable = refused(status, &String::from_utf8_lossy(&r.bytes().await));
+    let (status, _, b) = request("POST", &url, &ct, &slow("9")).await;
+    let legacy = refused(status, &b);
+    assert!(
+        ended,
+        "the cancelled request's POST stream is still open 2 s after its operation ended \
+         ({} events: {:?}); its id still in flight: streamable {streamable}, legacy {legacy}",
+        evs.len(),
+        evs.iter().map(|e| e.text().to_string()).collect::<Vec<_>>()
+    );
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The refusal's id
+
+/// HELD: the 400 refusing an id in flight carries the id as sent when serde_json's `Value` cannot
+/// hold it (an integer past 64 bits), and an escaped string id as the same string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adv25_the_in_flight_refusal_echoes_the_id() {
+    let (port, _) = stub_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |_| {}).await;
+    let (c, _) = Client::init(p.addr, "2025-03-26").await;
+    for (id, again) in [
+        (
+            "123456789012345678901234567890",
+            "123456789012345678901234567890",
+        ),
+        ("-98765432109876543210", "-98765432109876543210"),
+        (r#""\u00e9x""#, r#""éx""#),
+    ] {
+        let r = c
+            .post_raw(&stub_call(id, json!({"never": true})), &[])
+            .await;
+        assert_eq!(r.status, 200, "{id}");
+        for body in [
+            stub_call(again, json!({"never": true})),
+            format!("[{}]", stub_call(again, json!({"never": true}))),
+        ] {
+            let r = c.post_raw(&body, &[]).await;
+            assert_eq!(r.status, 400, "{body}");
+            let b = r.bytes().await;
+            let got = answer_id(&b).expect("a JSON-RPC error");
+            assert_eq!(
+                serde_json::from_str::<Value>(&got).ok(),
+                serde_json::from_str::<Value>(id).ok(),
+                "{body}: {}",
+                String::from_utf8_lossy(&b)
+            );
+            if !id.starts_with('"') {
+                assert_eq!(got, id, "the integer's text");
+            }
+        }
+    }
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A client's responses carry the server's ids
+
+/// HELD: a client's response to a server request carries the server's id, which may equal one of
+/// the client's own request ids in flight: it is no request, and is taken — alone, in a batch of
+/// responses and notifications, beside a request (whose answer comes on the batch's stream) — and
+/// forwarded; on the legacy face too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adv25_client_responses_with_an_in_flight_id_are_taken() {
+    let (port, seen) = stub_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |_| {}).await;
+    let (c, _) = Client::init(p.addr, "2025-03-26").await;
+    let held = c
+        .post_raw(&stub_call("5", json!({"never": true})), &[])
+        .await;
+    assert_eq!(held.status, 200);
+    let response = r#"{"jsonrpc":"2.0","id":5,"result":{}}"#;
+    let error = r#"{"jsonrpc":"2.0","id":"5","error":{"code":-1,"message":"no"}}"#;
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/roots/list_changed"}"#;
+    for body in [response.to_string(), format!("[{response},{note},{error}]")] {
+        let r = c.post_raw(&body, &[]).await;
+        let status = r.status;
+        assert_eq!(status, 202, "{body}: {:?}", r.bytes().await);
+    }
+    let r = c
+        .post_raw(
+            &format!("[{response},{}]", stub_call("6", json!({"text": "six"}))),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(3)).await;
+    assert!(ended, "{evs:?}");
+    let got = answer_msgs(&evs);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(result_text(&got[0]), Some("six"), "{got:?}");
+    // Legacy: a response with the id of the client's request in flight.
+    let base = format!("http://{}", p.addr);
+    let (_sse, url, _) = legacy_session(&base).await;
+    let ct = [("content-type", "application/json")];
+    let (status, _, b) = request("POST", &url, &ct, &stub_call("7", json!({"never": true}))).await;
+    assert_eq!(status, 202, "{b}");
+    let (status, _, b) =
+        request("POST", &url, &ct, r#"{"jsonrpc":"2.0","id":7,"result":{}}"#).await;
+    assert_eq!(status, 202, "{b}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let seen = seen.lock().unwrap().clone();
+    let responses = seen.iter().filter(|m| m.get("method").is_none()).count();
+    // 1 + 2 + 1 (streamable) + 1 (legacy)
+    assert_eq!(responses, 5, "{seen:?}");
+    p.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A batch member that loses the race
+
+/// HELD: a batch passes the pre-check; while its first member is being forwarded (the upstream
+/// acknowledges it only after 1.5 s), another POST takes the id of its second member. The
+/// session refuses that member: the batch's stream carries its refusal (-32600, with its id) and
+/// the first member's answer, then ends; the other POST's stream ends with its own answer, once;
+/// nothing else is answered with that id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adv25_a_batch_member_that_loses_the_race_is_answered_on_the_batch_stream() {
+    let (port, _) = stub_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |_| {}).await;
+    let (c, _) = Client::init(p.addr, "2025-03-26").await;
+    let mut get = c.get(None).await.sse();
+    let batch = format!(
+        "[{},{}]",
+        stub_call("10", json!({"text": "ten", "post_delay_ms": 1500})),
+        stub_call("11", json!({"text": "batch eleven"}))
+    );
+    let c2 = c.at(c.addr);
+    let b = tokio::spawn(async move { c2.post_raw(&batch, &[]).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let other = c
+        .post_raw(
+            &stub_call("11", json!({"text": "other eleven", "delay_ms": 2000})),
+            &[],
+        )
+        .await;
+    assert_eq!(other.status, 200);
+    let b = b.await.unwrap();
+    assert_eq!(b.status, 200);
+    let (evs, ended) = events_within(&mut b.sse(), Duration::from_secs(3)).await;
+    assert!(ended, "{evs:?}");
+    let got = answer_msgs(&evs);
+    assert_eq!(got.len(), 2, "{got:?}");
+    let ten = got.iter().find(|m| m["id"] == 10).expect("10's answer");
+    assert_eq!(result_text(ten), Some("ten"), "{got:?}");
+    let eleven = got.iter().find(|m| m["id"] == 11).expect("11's refusal");
+    assert_eq!(eleven["error"]["code"], -32600, "{eleven}");
+    let (evs, ended) = events_within(&mut other.sse(), Duration::from_secs(3)).await;
+    assert!(ended, "{evs:?}");
+    let got = answer_msgs(&evs);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(result_text(&got[0]), Some("other eleven"), "{got:?}");
+    let (stray, _) = events_within(&mut get, Duration::from_millis(300)).await;
+    assert!(answer_msgs(&stray).is_empty(), "{stray:?}");
+    p.stop().await;
+}
