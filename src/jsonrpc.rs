@@ -53,6 +53,9 @@ pub const UNDELIVERABLE: i64 = -32092;
 /// JSON-RPC error code for a request the upstream did not answer within
 /// `upstream.request_timeout_secs`.
 pub const REQUEST_TIMEOUT: i64 = -32093;
+/// JSON-RPC error code for a request its client cancelled (`notifications/cancelled`): the
+/// proxy's answer, as the server answers none.
+pub const REQUEST_CANCELLED: i64 = -32094;
 
 // === The answer table ===
 
@@ -392,6 +395,25 @@ struct RawMsg<'a> {
     error: Option<&'a RawValue>,
     #[serde(borrow, default)]
     params: Option<&'a RawValue>,
+}
+
+/// The canonical `params.requestId` of a `notifications/cancelled`, if it names one.
+pub fn cancelled_request(bytes: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Note<'a> {
+        #[serde(borrow)]
+        params: Option<CancelParams<'a>>,
+    }
+    #[derive(Deserialize)]
+    struct CancelParams<'a> {
+        #[serde(borrow, rename = "requestId")]
+        request_id: Option<&'a RawValue>,
+    }
+    let note: Note<'_> = serde_json::from_slice(bytes).ok()?;
+    note.params?
+        .request_id
+        .filter(|r| r.get() != "null")
+        .map(canonical)
 }
 
 /// A member that is there, `null` included (serde reads `null` into an `Option` as absent).

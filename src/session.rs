@@ -79,7 +79,7 @@ const OPENING: StreamTag = StreamTag(u64::MAX);
 pub fn id_in_flight() -> Error {
     Error::Invalid {
         answer: jsonrpc::Answer::InvalidRequest,
-        message: "a request with this id is already in flight in this session".into(),
+        message: "a request with this id is still in flight in this session".into(),
     }
 }
 
@@ -105,10 +105,29 @@ struct State {
     pump: Option<tokio::task::AbortHandle>,
     /// Last [`Inflight::serial`] handed out.
     next_serial: u64,
-    /// Requests answered by their timeout, most recent last (at most [`LATE_IDS`]).
+    /// Requests the proxy answered (their timeout, their client's cancel) while the upstream may
+    /// still answer them, most recent last (at most [`LATE_IDS`]): a late answer is dropped, and
+    /// the id is not taken again meanwhile.
     timed_out: VecDeque<String>,
     /// A client message beyond the opening ones arrived (see [`Session::used`]).
     used: bool,
+}
+
+impl State {
+    /// A request with this id is in flight, or answered by the proxy with the upstream's answer
+    /// still to come: a new request with it would take that late answer as its own (found by
+    /// the adversary review of 2026-12-06, `tests/adversary25.rs`).
+    fn in_flight(&self, id: &str) -> bool {
+        self.inflight.contains_key(id) || self.timed_out.iter().any(|t| t == id)
+    }
+
+    /// Records that the proxy answered `id` itself (see [`State::timed_out`]).
+    fn answered_early(&mut self, id: String) {
+        if self.timed_out.len() >= LATE_IDS {
+            self.timed_out.pop_front();
+        }
+        self.timed_out.push_back(id);
+    }
 }
 
 /// A live session.
@@ -249,7 +268,7 @@ impl Session {
         if let Some(id) = &request_id {
             {
                 let mut st = self.lock();
-                if st.inflight.contains_key(id) {
+                if st.in_flight(id) {
                     // Its entry would replace the other request's: one answer would go to the
                     // other's stream and the other's stream would never end. Loud instead.
                     return Err(id_in_flight());
@@ -277,6 +296,9 @@ impl Session {
                 self.forget(id);
                 return Err(e);
             }
+        }
+        if request_id.is_none() && peek.method.as_deref() == Some("notifications/cancelled") {
+            self.cancel(&reg.log, &body).await;
         }
         match self.link.post(body).await.map_err(Error::from) {
             Ok(()) => Ok(()),
@@ -314,9 +336,50 @@ impl Session {
         }
     }
 
-    /// Is a request with this (canonical) id in flight, not yet answered?
+    /// Is a request with this (canonical) id in flight: not yet answered, or answered by the
+    /// proxy (timeout, cancel) while the upstream may still answer it?
     pub fn in_flight(&self, id: &str) -> bool {
-        self.lock().inflight.contains_key(id)
+        self.lock().in_flight(id)
+    }
+
+    /// A client's `notifications/cancelled` for one of its requests in flight. MCP says the
+    /// server SHOULD NOT answer a cancelled request, and the SDKs' servers do not, so its entry
+    /// stayed for the session's life, its POST stream never ended, and the session's end
+    /// answered it -32091 (found by the adversary review of 2026-12-06, `tests/adversary25.rs`).
+    /// The proxy answers it instead (-32094, on its stream, logged like any answer: one answer
+    /// per request), and drops a late upstream answer, as after a timeout. A response the
+    /// upstream routed first wins.
+    async fn cancel(&self, log: &Log, body: &[u8]) {
+        let Some(id) = jsonrpc::cancelled_request(body) else {
+            return;
+        };
+        let _gate = self.pump_gate.lock().await;
+        let inf = {
+            let mut st = self.lock();
+            if st.ended {
+                return;
+            }
+            let Some(inf) = st.inflight.remove(&id) else {
+                return;
+            };
+            if let Some(t) = &inf.progress_token {
+                st.progress.remove(t);
+            }
+            st.answered_early(id.clone());
+            inf
+        };
+        tracing::debug!(session = %self.log.tag, request_id = echo::clip(&id), "request cancelled by its client; answered with -32094");
+        let answer = self.error_answer(
+            id,
+            &inf,
+            jsonrpc::REQUEST_CANCELLED,
+            "request cancelled by the client",
+            serde_json::json!({"reason": "cancelled"}),
+            Instant::now(),
+        );
+        if let Err(e) = log.append_nowait(&self.log, answer).await {
+            tracing::error!(session = %self.log.tag, error = %e, "cannot log a cancelled request's answer");
+        }
     }
 
     fn forget(&self, id: &str) -> Option<Inflight> {
@@ -490,10 +553,7 @@ impl Session {
             if let Some(timer) = inf.timer.take() {
                 timer.disarm(); // this task: it must not abort itself mid-answer
             }
-            if st.timed_out.len() >= LATE_IDS {
-                st.timed_out.pop_front();
-            }
-            st.timed_out.push_back(id.clone());
+            st.answered_early(id.clone());
             inf
         };
         let secs = after.as_secs();

@@ -53,6 +53,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::streamable::*;
+use support::stub_upstream::{raw_id, stub_upstream};
 use support::*;
 
 /// Events of `sse` until it ends or `d` passes; whether it ended.
@@ -377,86 +378,18 @@ async fn adv23_negative_zero_id_is_answered_once_on_the_legacy_face() {
 // `"result": null`: a stub upstream (no SDK server answers a request with a null result on
 // demand; JSON-RPC 2.0 allows any JSON value as a result)
 
-/// A legacy upstream stub that answers `initialize` properly and every other request with
-/// `"result": null`, on its SSE stream.
-async fn null_result_upstream() -> (u16, tokio::task::JoinHandle<()>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .unwrap();
-    let port = l.local_addr().unwrap().port();
-    let (tx, rx) = tokio::sync::broadcast::channel::<String>(64);
-    drop(rx);
-    let task = tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 8192];
-                let head_end = loop {
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
-                    match s.read(&mut b).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                };
-                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                if head.starts_with("get") {
-                    let mut rx = tx.subscribe();
-                    let _ = s
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\r\nevent: endpoint\ndata: /messages?session_id=stub\n\n")
-                        .await;
-                    while let Ok(m) = rx.recv().await {
-                        if s.write_all(format!("event: message\ndata: {m}\n\n").as_bytes())
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                    }
-                    return;
-                }
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                while buf.len() < head_end + len {
-                    match s.read(&mut b).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                }
-                let _ = s
-                    .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 8\r\n\r\nAccepted")
-                    .await;
-                let Ok(msg) = serde_json::from_slice::<Value>(&buf[head_end..head_end + len])
-                else {
-                    return;
-                };
-                let (Some(id), Some(method)) = (msg.get("id"), msg["method"].as_str()) else {
-                    return;
-                };
-                let answer = if method == "initialize" {
-                    json!({"jsonrpc":"2.0","id":id,"result":{
-                        "protocolVersion": msg["params"]["protocolVersion"],
-                        "capabilities": {},
-                        "serverInfo": {"name": "null-stub", "version": "0"}}})
-                } else {
-                    json!({"jsonrpc":"2.0","id":id,"result":null})
-                };
-                let _ = tx.send(answer.to_string());
-            });
-        }
-    });
-    (port, task)
+/// Every request but `initialize` answered with `"result": null`, on the stub's SSE stream.
+async fn null_result_upstream() -> u16 {
+    stub_upstream(std::sync::Arc::new(|body| {
+        let id = raw_id(body)?;
+        Some(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":null}}"#))
+    }))
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adv23_result_null_is_a_response() {
-    let (port, _stub) = null_result_upstream().await;
+    let port = null_result_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |_| {}).await;
     let (c, _) = Client::init(p.addr, "2025-06-18").await;

@@ -5,16 +5,17 @@
 //! a POST, a batch member that loses a race answered on the batch's stream).
 //!
 //! Probes:
-//! - `adv25_a_late_answer_to_a_timed_out_id_goes_to_the_request_that_reused_it` (FOUND): an id
+//! - `adv25_a_timed_out_id_is_refused_until_its_late_answer_is_dropped` (FOUND, fixed): an id
 //!   leaves the in-flight set when its `upstream.request_timeout_secs` answer (-32093) is logged,
 //!   though the upstream still has that request in flight; the proxy takes a new request with the
 //!   same id (an answered id may go again), and the upstream's late answer to the first is routed
 //!   to the second's stream as its answer (`Session::route` looks up the in-flight entry before
-//!   the timed-out set), while the second's own answer is dropped as "late".
-//! - `adv25_a_cancelled_requests_post_stream_ends` (FOUND): after the client's
-//!   `notifications/cancelled`, the TypeScript server (as MCP says it SHOULD) never answers the
-//!   request, so it stays in flight for the life of the session: its POST stream never ends
-//!   (and its id is refused, on both faces, which MCP's no-reuse rule excuses).
+//!   the timed-out set), while the second's own answer is dropped as "late". Fixed: an id the
+//!   proxy answered itself stays refused until the upstream's late answer is dropped.
+//! - `adv25_a_cancelled_request_is_answered_once_and_its_post_stream_ends` (FOUND, fixed): after
+//!   the client's `notifications/cancelled`, the TypeScript server (as MCP says it SHOULD) never
+//!   answers the request, so it stayed in flight for the life of the session: its POST stream
+//!   never ended. Fixed: the proxy answers it, -32094, once, on its stream.
 //! - `adv25_the_in_flight_refusal_echoes_the_id` (HELD): the 400 of an id in flight carries an
 //!   integer past 64 bits as sent, an escaped string as the same string (single and batch).
 //! - `adv25_client_responses_with_an_in_flight_id_are_taken` (HELD): a client's response to a
@@ -24,7 +25,7 @@
 //!   passes the pre-check, another POST takes one of its ids while the batch is being forwarded:
 //!   the batch's stream carries the member's refusal and ends; the other POST keeps its answer.
 //!
-//! Run: `cargo test --test adversary25 -- --include-ignored` (needs the peers of
+//! Run: `cargo test --test adversary25` (needs the peers of
 //! `scripts/install-peers`).
 
 mod support;
@@ -183,16 +184,14 @@ fn result_text(m: &Value) -> Option<&str> {
 // ---------------------------------------------------------------------------------------------
 // A timed-out id is still in flight upstream
 
-/// FOUND: a request answered -32093 by `upstream.request_timeout_secs` is still in flight at the
-/// upstream, but its id leaves the proxy's in-flight set, so a new request with that id is taken
-/// (the proxy lets an answered id go again, `adv24_…_the_first_keeps_its_answer`). The upstream's
-/// late answer to the first then finds the second's in-flight entry (`Session::route` looks it up
-/// before the timed-out ids) and is delivered on the second's POST stream as its answer; the
-/// second's own answer, arriving next, is dropped as a "late response". The client gets an answer
-/// that belongs to another request, and its own is lost silently.
+/// FOUND, fixed: a request answered -32093 by `upstream.request_timeout_secs` is still in flight
+/// at the upstream, but its id left the proxy's in-flight set, so a new request with that id was
+/// taken; the upstream's late answer to the first then found the second's in-flight entry and
+/// was delivered on the second's POST stream as its answer, and the second's own answer was
+/// dropped as a "late response". Now the id stays refused (400) until the late answer has come
+/// and been dropped; then it is taken again, and answered with its own answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: a late upstream answer to a timed-out request is delivered as the answer to a later request reusing its id; the later request's own answer is dropped"]
-async fn adv25_a_late_answer_to_a_timed_out_id_goes_to_the_request_that_reused_it() {
+async fn adv25_a_timed_out_id_is_refused_until_its_late_answer_is_dropped() {
     let (port, _) = stub_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |c| {
@@ -213,43 +212,43 @@ async fn adv25_a_late_answer_to_a_timed_out_id_goes_to_the_request_that_reused_i
     let first = answer_msgs(&evs);
     assert_eq!(first.len(), 1, "{first:?}");
     assert_eq!(first[0]["error"]["code"], -32093, "{first:?}");
-    // Answered: the client may send the id again (the proxy takes it). The upstream answers this
-    // one 1.5 s later, after the first's late answer.
-    let r = c
-        .post_raw(
-            &stub_call("5", json!({"text": "second", "delay_ms": 1500})),
-            &[],
-        )
-        .await;
-    assert_eq!(r.status, 200, "an answered id is taken again");
+    // The upstream still has it: the id is refused, not taken over.
+    let second = stub_call("5", json!({"text": "second", "delay_ms": 100}));
+    let r = c.post_raw(&second, &[]).await;
+    assert_eq!(r.status, 400, "the id is still in flight upstream");
+    // Its late answer comes (about 1 s after the -32093) and is dropped; then the id is free.
+    let mut taken = None;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let r = c.post_raw(&second, &[]).await;
+        if r.status == 200 {
+            taken = Some(r);
+            break;
+        }
+        assert_eq!(r.status, 400);
+    }
+    let r = taken.expect("the id is taken again once the late answer is dropped");
     let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(4)).await;
     assert!(ended, "{evs:?}");
     let second = answer_msgs(&evs);
     assert_eq!(second.len(), 1, "{second:?}");
-    assert_eq!(
-        result_text(&second[0]),
-        Some("second"),
-        "the second request got another request's answer: {}",
-        second[0]
-    );
+    assert_eq!(result_text(&second[0]), Some("second"), "{}", second[0]);
     p.stop().await;
 }
 
 // ---------------------------------------------------------------------------------------------
 // A cancelled request
 
-/// FOUND: MCP's cancellation — the client sends `notifications/cancelled` for its request, and
-/// the server "SHOULD NOT send a response for the cancelled request" (the TypeScript SDK's
-/// servers never do: `Protocol` drops the handler's result once aborted; its clients cancel
-/// every request still unanswered after 60 s by default). Nothing ever takes the request out of
-/// the proxy's in-flight set, so the cancelled request's POST stream never ends: its connection
-/// and stream task are held for the session's life, and when the session ends the cancelled
-/// request gets a -32091 "answer". (Its id is also refused, 400 "already in flight", for the rest
-/// of the session, on both faces: MCP forbids reusing an id anyway, so that alone is no finding;
-/// it is checked here only as a symptom of the entry staying.)
+/// FOUND, fixed: MCP's cancellation — the client sends `notifications/cancelled` for its
+/// request, and the server "SHOULD NOT send a response for the cancelled request" (the
+/// TypeScript SDK's servers never do; its clients cancel every request still unanswered after
+/// 60 s by default). Nothing took the request out of the proxy's in-flight set, so its POST
+/// stream never ended (its connection and stream task held for the session's life) and the
+/// session's end answered it -32091. Now the proxy answers a cancelled request itself, -32094 on
+/// its stream (the POST stream ends; on the legacy face, the session's stream), exactly once,
+/// and the id stays refused while the upstream may still answer it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "finding: a cancelled request stays in flight for the session's life: its POST stream never ends"]
-async fn adv25_a_cancelled_requests_post_stream_ends() {
+async fn adv25_a_cancelled_request_is_answered_once_and_its_post_stream_ends() {
     let up = everything().await;
     let p = Proxy::start(&up, |_| {}).await;
     let (c, _) = Client::init(p.addr(), "2025-06-18").await;
@@ -274,27 +273,33 @@ async fn adv25_a_cancelled_requests_post_stream_ends() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(c.post(&cancel(5)).await.status, 202);
     assert_eq!(post(&url, &cancel(9)).await.0, 202);
-    // The operation ends after 1 s; the server drops its result.
+    // The POST stream ends with the proxy's answer; the operation ends after 1 s and the server
+    // drops its result, and nothing more comes on either face.
     let (evs, ended) = events_within(&mut first, Duration::from_secs(3)).await;
-    let (legacy_evs, _) = events_within(&mut sse, Duration::from_millis(100)).await;
-    assert!(
-        answer_msgs(&legacy_evs).is_empty(),
-        "the server answered a cancelled request: {legacy_evs:?}"
+    assert!(ended, "the cancelled request's POST stream ends: {evs:?}");
+    let answers = answer_msgs(&evs);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0]["id"], 5, "{answers:?}");
+    assert_eq!(answers[0]["error"]["code"], -32094, "{answers:?}");
+    let (legacy_evs, _) = events_within(&mut sse, Duration::from_millis(1500)).await;
+    let legacy = answer_msgs(&legacy_evs);
+    assert_eq!(
+        legacy.len(),
+        1,
+        "one answer on the legacy stream: {legacy:?}"
     );
-    // The symptom: both ids are still in flight.
-    let refused = |status: u16, body: &str| status == 400 && body.contains("already in flight");
-    let r = c.post_raw(&slow("5"), &[]).await;
-    let status = r.status;
-    let streamable = refused(status, &String::from_utf8_lossy(&r.bytes().await));
-    let (status, _, b) = request("POST", &url, &ct, &slow("9")).await;
-    let legacy = refused(status, &b);
-    assert!(
-        ended,
-        "the cancelled request's POST stream is still open 2 s after its operation ended \
-         ({} events: {:?}); its id still in flight: streamable {streamable}, legacy {legacy}",
-        evs.len(),
-        evs.iter().map(|e| e.text().to_string()).collect::<Vec<_>>()
-    );
+    assert_eq!(legacy[0]["id"], 9, "{legacy:?}");
+    assert_eq!(legacy[0]["error"]["code"], -32094, "{legacy:?}");
+    // A cancel naming nothing in flight (answered, unknown, or not a request id) changes nothing.
+    assert_eq!(c.post(&cancel(5)).await.status, 202);
+    assert_eq!(c.post(&cancel(77)).await.status, 202);
+    let r = c.post_raw(&slow("6"), &[]).await;
+    assert_eq!(r.status, 200);
+    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(5)).await;
+    assert!(ended, "{evs:?}");
+    let answers = answer_msgs(&evs);
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(answers[0].get("result").is_some(), "{answers:?}");
     p.stop().await;
 }
 

@@ -14,6 +14,7 @@ pub mod security;
 pub mod slow_disk;
 pub mod sse;
 pub mod streamable;
+pub mod stub_upstream;
 
 use std::collections::VecDeque;
 use std::io::BufRead;
