@@ -71,7 +71,6 @@ impl Drop for TimerGuard {
 /// numbered up from 2).
 const OPENING: StreamTag = StreamTag(u64::MAX);
 
-/// The log kind of an answer on `stream`: it ends a POST stream.
 /// The refusal of a request whose id is that of a request still in flight in its session (MCP:
 /// "The request ID MUST NOT have been previously used by the requestor within the same
 /// session"). Found by the adversary review of 2026-12-06: the second one's entry replaced the
@@ -83,6 +82,7 @@ pub fn id_in_flight() -> Error {
     }
 }
 
+/// The log kind of an answer on `stream`: it ends a POST stream.
 fn answer_kind(stream: StreamTag) -> Kind {
     if stream.is_post() {
         Kind::Final
@@ -108,7 +108,7 @@ struct State {
     /// Requests the proxy answered (their timeout, their client's cancel) while the upstream may
     /// still answer them, most recent last (at most [`LATE_IDS`]): a late answer is dropped, and
     /// the id is not taken again meanwhile.
-    timed_out: VecDeque<String>,
+    late: VecDeque<String>,
     /// A client message beyond the opening ones arrived (see [`Session::used`]).
     used: bool,
 }
@@ -118,15 +118,16 @@ impl State {
     /// still to come: a new request with it would take that late answer as its own (found by
     /// the adversary review of 2026-12-06, `tests/adversary25.rs`).
     fn in_flight(&self, id: &str) -> bool {
-        self.inflight.contains_key(id) || self.timed_out.iter().any(|t| t == id)
+        self.inflight.contains_key(id) || self.late.iter().any(|t| t == id)
     }
 
-    /// Records that the proxy answered `id` itself (see [`State::timed_out`]).
-    fn answered_early(&mut self, id: String) {
-        if self.timed_out.len() >= LATE_IDS {
-            self.timed_out.pop_front();
+    /// Takes `id`'s entry out of flight (and its progress token's route).
+    fn take(&mut self, id: &str) -> Option<Inflight> {
+        let inf = self.inflight.remove(id)?;
+        if let Some(t) = &inf.progress_token {
+            self.progress.remove(t);
         }
-        self.timed_out.push_back(id);
+        Some(inf)
     }
 }
 
@@ -353,54 +354,72 @@ impl Session {
         let Some(id) = jsonrpc::cancelled_request(body) else {
             return;
         };
-        let _gate = self.pump_gate.lock().await;
-        let inf = {
-            let mut st = self.lock();
-            if st.ended {
-                return;
-            }
-            let Some(inf) = st.inflight.remove(&id) else {
-                return;
-            };
-            if let Some(t) = &inf.progress_token {
-                st.progress.remove(t);
-            }
-            st.answered_early(id.clone());
-            inf
-        };
-        tracing::debug!(session = %self.log.tag, request_id = echo::clip(&id), "request cancelled by its client; answered with -32094");
-        let answer = self.error_answer(
-            id,
-            &inf,
+        let answer = (
             jsonrpc::REQUEST_CANCELLED,
             "request cancelled by the client",
             serde_json::json!({"reason": "cancelled"}),
-            Instant::now(),
         );
-        if let Err(e) = log.append_nowait(&self.log, answer).await {
-            tracing::error!(session = %self.log.tag, error = %e, "cannot log a cancelled request's answer");
+        if self.answer_early(log, &id, None, answer).await {
+            tracing::debug!(session = %self.log.tag, request_id = echo::clip(&id), "request cancelled by its client; answered with -32094");
         }
     }
 
     fn forget(&self, id: &str) -> Option<Inflight> {
-        let mut st = self.lock();
-        let inf = st.inflight.remove(id)?;
-        if let Some(t) = &inf.progress_token {
-            st.progress.remove(t);
-        }
-        Some(inf)
+        self.lock().take(id)
     }
 
-    /// Was `id` answered by its timeout? (Forgets it: a second late response is not expected.)
+    /// Was `id` answered by the proxy (its timeout, its client's cancel)? (Forgets it: a second
+    /// late response is not expected.)
     fn timed_out(&self, id: &str) -> bool {
         let mut st = self.lock();
-        match st.timed_out.iter().position(|t| t == id) {
+        match st.late.iter().position(|t| t == id) {
             Some(i) => {
-                st.timed_out.remove(i);
+                st.late.remove(i);
                 true
             }
             None => false,
         }
+    }
+
+    /// Answers `id` with the proxy's own error (its timeout, its client's cancel) when it is still
+    /// in flight (and, with `serial`, still that forwarding of it): logged on its stream like any
+    /// answer, and the upstream's late answer dropped ([`Session::route`]); the id stays taken
+    /// until then. Ordered against the pump like its own appends, and against `Registry::end`: a
+    /// response routed first wins. Whether it answered.
+    async fn answer_early(
+        &self,
+        log: &Log,
+        id: &str,
+        serial: Option<u64>,
+        answer: (i64, &str, serde_json::Value),
+    ) -> bool {
+        let _gate = self.pump_gate.lock().await;
+        let inf = {
+            let mut st = self.lock();
+            let current = st.inflight.get(id).map(|i| i.serial);
+            if st.ended || current.is_none() || serial.is_some_and(|s| current != Some(s)) {
+                return false;
+            }
+            let Some(mut inf) = st.take(id) else {
+                return false;
+            };
+            if let (Some(timer), Some(_)) = (inf.timer.take(), serial) {
+                // Called from the timer's own task, which must not abort itself mid-answer
+                // (otherwise dropping the guard aborts the timer).
+                timer.disarm();
+            }
+            if st.late.len() >= LATE_IDS {
+                st.late.pop_front();
+            }
+            st.late.push_back(id.to_string());
+            inf
+        };
+        let (code, message, data) = answer;
+        let ev = self.error_answer(id.to_string(), &inf, code, message, data, Instant::now());
+        if let Err(e) = log.append_nowait(&self.log, ev).await {
+            tracing::error!(session = %self.log.tag, error = %e, request_id = echo::clip(id), "cannot log the proxy's answer to a request");
+        }
+        true
     }
 
     /// The logged answer to in-flight request `id`: a JSON-RPC error on its stream that completes
@@ -536,39 +555,15 @@ impl Session {
         serial: u64,
         after: Duration,
     ) {
-        // Ordered against the pump like its own appends, and against `Registry::end`: a response
-        // routed first wins; one routed after this finds the request timed out.
-        let _gate = self.pump_gate.lock().await;
-        let inf = {
-            let mut st = self.lock();
-            if st.ended || st.inflight.get(&id).map(|i| i.serial) != Some(serial) {
-                return;
-            }
-            let Some(mut inf) = st.inflight.remove(&id) else {
-                return;
-            };
-            if let Some(t) = &inf.progress_token {
-                st.progress.remove(t);
-            }
-            if let Some(timer) = inf.timer.take() {
-                timer.disarm(); // this task: it must not abort itself mid-answer
-            }
-            st.answered_early(id.clone());
-            inf
-        };
         let secs = after.as_secs();
-        metrics.upstream_error("request_timeout");
-        tracing::warn!(session = %self.log.tag, request_id = echo::clip(&id), timeout_secs = secs, "request unanswered within upstream.request_timeout_secs; answered with -32093");
-        let answer = self.error_answer(
-            id,
-            &inf,
+        let answer = (
             jsonrpc::REQUEST_TIMEOUT,
-            &format!("upstream did not answer within {secs} s (upstream.request_timeout_secs)"),
+            &*format!("upstream did not answer within {secs} s (upstream.request_timeout_secs)"),
             serde_json::json!({"reason": "request_timeout", "timeout_secs": secs}),
-            Instant::now(),
         );
-        if let Err(e) = log.append_nowait(&self.log, answer).await {
-            tracing::error!(session = %self.log.tag, error = %e, "cannot log a request's timeout answer");
+        if self.answer_early(log, &id, Some(serial), answer).await {
+            metrics.upstream_error("request_timeout");
+            tracing::warn!(session = %self.log.tag, request_id = echo::clip(&id), timeout_secs = secs, "request unanswered within upstream.request_timeout_secs; answered with -32093");
         }
     }
 
@@ -867,7 +862,7 @@ impl Registry {
                 ended: false,
                 pump: None,
                 next_serial: 0,
-                timed_out: VecDeque::new(),
+                late: VecDeque::new(),
                 used: false,
             }),
             pump_gate: tokio::sync::Mutex::new(()),

@@ -53,22 +53,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::streamable::*;
-use support::stub_upstream::{raw_id, stub_upstream};
+use support::stub_upstream::{raw_id, stub_upstream, Reply};
 use support::*;
-
-/// Events of `sse` until it ends or `d` passes; whether it ended.
-async fn events_within(sse: &mut Sse, d: Duration) -> (Vec<Ev>, bool) {
-    let deadline = tokio::time::Instant::now() + d;
-    let mut out = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match sse.next_within(left).await {
-            Ok(Some(ev)) => out.push(ev),
-            Ok(None) => return (out, true),
-            Err(()) => return (out, false),
-        }
-    }
-}
 
 fn jsons(evs: &[Ev]) -> Vec<Value> {
     evs.iter()
@@ -104,13 +90,13 @@ async fn post_within(
     let r = c.post_raw(body, &[]).await;
     assert_eq!(r.status, 200, "{what}: POST answered {}", r.status);
     let mut post = r.sse();
-    let (evs, ended) = events_within(&mut post, d).await;
+    let (evs, ended) = post.events_within(d).await;
     let msgs = jsons(&evs);
     if ended {
         return Ok(msgs);
     }
     // Where did the answer go? (For the report: the standalone stream.)
-    let (elsewhere, _) = events_within(get, Duration::from_secs(2)).await;
+    let (elsewhere, _) = get.events_within(Duration::from_secs(2)).await;
     Err(format!(
         "{what}: the POST stream did not end within {d:?}; it carried {msgs:?}; the standalone \
          GET stream carried {:?}",
@@ -212,7 +198,7 @@ async fn adv23_ids_neither_string_nor_integer_are_refused_on_the_sessionful_face
     assert_eq!(r.status, 400, "a batch with one bad id");
     // Nothing of the refused bodies reached the upstream: no answer anywhere (the server's own
     // notifications may come and go on this stream).
-    let (stray, _) = events_within(&mut get, Duration::from_secs(1)).await;
+    let (stray, _) = get.events_within(Duration::from_secs(1)).await;
     let answers: Vec<Value> = jsons(&stray)
         .into_iter()
         .filter(|m| m.get("id").is_some())
@@ -328,7 +314,7 @@ async fn adv23_float_spelled_progress_token_reaches_its_post_stream() {
     // The token spelled as a float: server-everything sends `progressToken: 2`.
     let msgs = post_answered(&c, &mut get, &call(21, "2.0"), "token 2.0").await;
     assert!(answer_to(&msgs, 21.0).is_some(), "{msgs:?}");
-    let (stray, _) = events_within(&mut get, Duration::from_secs(1)).await;
+    let (stray, _) = get.events_within(Duration::from_secs(1)).await;
     assert_eq!(
         progress(&msgs),
         2,
@@ -381,8 +367,7 @@ async fn adv23_negative_zero_id_is_answered_once_on_the_legacy_face() {
 /// Every request but `initialize` answered with `"result": null`, on the stub's SSE stream.
 async fn null_result_upstream() -> u16 {
     stub_upstream(std::sync::Arc::new(|body| {
-        let id = raw_id(body)?;
-        Some(format!(r#"{{"jsonrpc":"2.0","id":{id},"result":null}}"#))
+        Reply::now(raw_id(body).map(|id| format!(r#"{{"jsonrpc":"2.0","id":{id},"result":null}}"#)))
     }))
     .await
 }

@@ -42,34 +42,10 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{value::RawValue, Value};
+use serde_json::Value;
 use support::streamable::*;
-use support::stub_upstream::{raw_id, stub_upstream};
+use support::stub_upstream::{raw_id, stub_upstream, Reply};
 use support::*;
-
-/// Events of `sse` until it ends or `d` passes; whether it ended.
-async fn events_within(sse: &mut Sse, d: Duration) -> (Vec<Ev>, bool) {
-    let deadline = tokio::time::Instant::now() + d;
-    let mut out = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match sse.next_within(left).await {
-            Ok(Some(ev)) => out.push(ev),
-            Ok(None) => return (out, true),
-            Err(()) => return (out, false),
-        }
-    }
-}
-
-/// The raw id of the answer (result or error, no method) in `data`; `None`: not an answer.
-fn answer_id(data: &[u8]) -> Option<String> {
-    let m = serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(data).ok()?;
-    let answer = !m.contains_key("method") && (m.contains_key("result") || m.contains_key("error"));
-    answer.then(|| {
-        m.get("id")
-            .map_or("null".to_string(), |r| r.get().to_string())
-    })
-}
 
 /// The raw ids of the answers among `evs`.
 fn answers(evs: &[Ev]) -> Vec<String> {
@@ -86,7 +62,7 @@ fn answers(evs: &[Ev]) -> Vec<String> {
 /// match that answer to its request: the await never resolves (I6).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adv24_proxy_answers_echo_ids_the_refusal_takes() {
-    let port = stub_upstream(Arc::new(|_| None)).await; // never answers
+    let port = stub_upstream(Arc::new(|_| Reply::default())).await; // never answers
     let dir = tempfile::tempdir().unwrap();
     let p = start_in_process(&format!("http://127.0.0.1:{port}/sse"), dir.path(), |c| {
         c.upstream.request_timeout_secs = 1;
@@ -107,7 +83,7 @@ async fn adv24_proxy_answers_echo_ids_the_refusal_takes() {
         let r = c.post_raw(&body, &[]).await;
         assert_eq!(r.status, 200, "id {id}: taken (not refused)");
         let mut post = r.sse();
-        let (evs, ended) = events_within(&mut post, Duration::from_secs(5)).await;
+        let (evs, ended) = post.events_within(Duration::from_secs(5)).await;
         assert!(ended, "id {id}: the POST stream ends with its -32093");
         let answers: Vec<String> = evs.iter().filter_map(|e| answer_id(&e.data)).collect();
         assert_eq!(answers.len(), 1, "id {id}: {evs:?}");
@@ -177,11 +153,11 @@ async fn adv24_lone_surrogate_string_ids_are_refused() {
     // Escaped Unicode that is Unicode is taken, and answered on its stream.
     let r = c.post_raw(&call(r#""\u00e9\ud83d\ude00""#, "4"), &[]).await;
     assert_eq!(r.status, 200);
-    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(5)).await;
+    let (evs, ended) = r.sse().events_within(Duration::from_secs(5)).await;
     assert!(ended, "{evs:?}");
     assert_eq!(answers(&evs).len(), 1, "{evs:?}");
     // Nothing of the refused ones was forwarded: no answer on the standalone stream.
-    let (stray, _) = events_within(&mut get, Duration::from_millis(500)).await;
+    let (stray, _) = get.events_within(Duration::from_millis(500)).await;
     assert!(answers(&stray).is_empty(), "{:?}", answers(&stray));
     p.stop().await;
 }
@@ -196,14 +172,16 @@ async fn adv24_lone_surrogate_string_ids_are_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adv24_null_result_beside_a_method_is_a_notification() {
     let port = stub_upstream(Arc::new(|body| {
-        let id = raw_id(body)?;
+        let Some(id) = raw_id(body) else {
+            return Reply::default();
+        };
         let progress = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":3,"progress":1},"result":null,"id":null}"#;
         let message = r#"{"jsonrpc":"2.0","method":"notifications/message","params":{"level":"info","data":"m"},"result":null}"#;
         let answer = format!(
             r#"{{"jsonrpc":"2.0","id":{id},"result":null,"error":{{"code":-32000,"message":"no"}}}}"#
         );
         // One SSE event per line.
-        Some(format!("{progress}\n{message}\n{answer}"))
+        Reply::now(Some(format!("{progress}\n{message}\n{answer}")))
     }))
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -213,8 +191,8 @@ async fn adv24_null_result_beside_a_method_is_a_notification() {
     let body = r#"{"jsonrpc":"2.0","id":40,"method":"tools/call","params":{"name":"t","arguments":{},"_meta":{"progressToken":3.0}}}"#;
     let r = c.post_raw(body, &[]).await;
     assert_eq!(r.status, 200);
-    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(3)).await;
-    let (stray, _) = events_within(&mut get, Duration::from_millis(500)).await;
+    let (evs, ended) = r.sse().events_within(Duration::from_secs(3)).await;
+    let (stray, _) = get.events_within(Duration::from_millis(500)).await;
     let text = |evs: &[Ev]| -> Vec<String> {
         evs.iter()
             .filter(|e| !e.is_priming())
@@ -285,7 +263,7 @@ async fn adv24_an_id_in_flight_is_refused_and_the_first_keeps_its_answer() {
         assert_eq!(v["error"]["data"]["reason"], "invalid_request", "{v}");
     }
     // The first request's stream ends with its own answer, once.
-    let (evs, ended) = events_within(&mut first.sse(), Duration::from_secs(10)).await;
+    let (evs, ended) = first.sse().events_within(Duration::from_secs(10)).await;
     assert!(ended, "{evs:?}");
     assert_eq!(answers(&evs), ["5"], "{evs:?}");
     let done = evs
@@ -303,7 +281,7 @@ async fn adv24_an_id_in_flight_is_refused_and_the_first_keeps_its_answer() {
     for id in ["5", "6", "7"] {
         let r = c.post_raw(&echo(id), &[]).await;
         assert_eq!(r.status, 200, "id {id}");
-        let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(5)).await;
+        let (evs, ended) = r.sse().events_within(Duration::from_secs(5)).await;
         assert!(ended, "{evs:?}");
         assert_eq!(answers(&evs), [id], "{evs:?}");
     }
@@ -325,7 +303,7 @@ async fn adv24_an_id_in_flight_is_refused_and_the_first_keeps_its_answer() {
         }
     }
     assert_eq!(got, ["9"]);
-    let (evs, _) = events_within(&mut sse, Duration::from_millis(500)).await;
+    let (evs, _) = sse.events_within(Duration::from_millis(500)).await;
     assert!(
         answers(&evs).is_empty(),
         "a second answer: {:?}",

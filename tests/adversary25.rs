@@ -33,41 +33,10 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde_json::{json, value::RawValue, Value};
+use serde_json::{json, Value};
 use support::streamable::*;
+use support::stub_upstream::{raw_id, Reply};
 use support::*;
-
-/// Events of `sse` until it ends or `d` passes; whether it ended.
-async fn events_within(sse: &mut Sse, d: Duration) -> (Vec<Ev>, bool) {
-    let deadline = tokio::time::Instant::now() + d;
-    let mut out = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        match sse.next_within(left).await {
-            Ok(Some(ev)) => out.push(ev),
-            Ok(None) => return (out, true),
-            Err(()) => return (out, false),
-        }
-    }
-}
-
-/// The raw text of a message's `id` (as sent, `null` included), if any.
-fn raw_id(body: &[u8]) -> Option<String> {
-    serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(body)
-        .ok()?
-        .get("id")
-        .map(|r| r.get().to_string())
-}
-
-/// The raw id of the answer (result or error, no method) in `data`; `None`: not an answer.
-fn answer_id(data: &[u8]) -> Option<String> {
-    let m = serde_json::from_slice::<std::collections::BTreeMap<String, &RawValue>>(data).ok()?;
-    let answer = !m.contains_key("method") && (m.contains_key("result") || m.contains_key("error"));
-    answer.then(|| {
-        m.get("id")
-            .map_or("null".to_string(), |r| r.get().to_string())
-    })
-}
 
 /// The answers among `evs`, parsed.
 fn answer_msgs(evs: &[Ev]) -> Vec<Value> {
@@ -77,95 +46,36 @@ fn answer_msgs(evs: &[Ev]) -> Vec<Value> {
         .collect()
 }
 
-/// A legacy HTTP+SSE upstream stub. `initialize` is answered (its id echoed byte for byte).
-/// A `tools/call` is answered from its arguments: `text` comes back as the result's text after
-/// `delay_ms` (never, with `"never": true`), and the POST itself is acknowledged (202) only after
-/// `post_delay_ms`. Every other POSTed body is recorded in the returned list.
+/// The stub upstream (`tests/support/stub_upstream.rs`; a server answering late, never, or after
+/// a slow `202` on demand). A `tools/call` is answered from its arguments: `text` comes back as
+/// the result's text after `delay_ms` (never, with `"never": true`), and the POST itself is
+/// acknowledged only after `post_delay_ms`. Every other POSTed body is recorded in the returned
+/// list.
 async fn stub_upstream() -> (u16, Arc<Mutex<Vec<Value>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let l = tokio::net::TcpListener::bind(("127.0.0.1", 0))
-        .await
-        .unwrap();
-    let port = l.local_addr().unwrap().port();
-    let (tx, rx) = tokio::sync::broadcast::channel::<String>(64);
-    drop(rx);
-    let seen2 = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            let tx = tx.clone();
-            let seen = seen2.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut b = [0u8; 8192];
-                let head_end = loop {
-                    if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break i + 4;
-                    }
-                    match s.read(&mut b).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                };
-                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
-                if head.starts_with("get") {
-                    let mut rx = tx.subscribe();
-                    let _ = s
-                        .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\r\nevent: endpoint\ndata: /messages?session_id=stub\n\n")
-                        .await;
-                    while let Ok(m) = rx.recv().await {
-                        let ev = format!("event: message\ndata: {m}\n\n");
-                        if s.write_all(ev.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                    return;
-                }
-                let len: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                while buf.len() < head_end + len {
-                    match s.read(&mut b).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&b[..n]),
-                    }
-                }
-                let body = buf[head_end..head_end + len].to_vec();
-                let msg = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
-                let args = &msg["params"]["arguments"];
-                let post_delay = args["post_delay_ms"].as_u64().unwrap_or(0);
-                tokio::time::sleep(Duration::from_millis(post_delay)).await;
-                let _ = s
-                    .write_all(b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 8\r\n\r\nAccepted")
-                    .await;
-                drop(s);
-                let id = raw_id(&body).unwrap_or_else(|| "null".into());
-                if msg["method"] == "initialize" {
-                    let result = json!({
-                        "protocolVersion": msg["params"]["protocolVersion"],
-                        "capabilities": {"tools": {}},
-                        "serverInfo": {"name": "stub", "version": "0"}});
-                    let _ = tx.send(format!(
-                        r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
-                    ));
-                } else if msg["method"] == "tools/call" {
-                    if args["never"] == true {
-                        return;
-                    }
-                    let delay = args["delay_ms"].as_u64().unwrap_or(0);
-                    let result = json!({"content": [{"type": "text", "text": args["text"]}]});
-                    tokio::time::sleep(Duration::from_millis(delay)).await;
-                    let _ = tx.send(format!(
-                        r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
-                    ));
-                } else {
-                    seen.lock().unwrap().push(msg);
-                }
-            });
+    let record = seen.clone();
+    let port = support::stub_upstream::stub_upstream(Arc::new(move |body| {
+        let msg = serde_json::from_slice::<Value>(body).unwrap_or(Value::Null);
+        let args = &msg["params"]["arguments"];
+        let ms = |key: &str| Duration::from_millis(args[key].as_u64().unwrap_or(0));
+        let ack_after = ms("post_delay_ms");
+        if msg["method"] != "tools/call" {
+            record.lock().unwrap().push(msg.clone());
+            return Reply {
+                ack_after,
+                ..Reply::default()
+            };
         }
-    });
+        let id = raw_id(body).unwrap_or_else(|| "null".into());
+        let result = json!({"content": [{"type": "text", "text": args["text"]}]});
+        Reply {
+            ack_after,
+            send: (args["never"] != true)
+                .then(|| format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#)),
+            send_after: ms("delay_ms"),
+        }
+    }))
+    .await;
     (port, seen)
 }
 
@@ -207,7 +117,7 @@ async fn adv25_a_timed_out_id_is_refused_until_its_late_answer_is_dropped() {
         )
         .await;
     assert_eq!(r.status, 200);
-    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(4)).await;
+    let (evs, ended) = r.sse().events_within(Duration::from_secs(4)).await;
     assert!(ended, "{evs:?}");
     let first = answer_msgs(&evs);
     assert_eq!(first.len(), 1, "{first:?}");
@@ -228,7 +138,7 @@ async fn adv25_a_timed_out_id_is_refused_until_its_late_answer_is_dropped() {
         assert_eq!(r.status, 400);
     }
     let r = taken.expect("the id is taken again once the late answer is dropped");
-    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(4)).await;
+    let (evs, ended) = r.sse().events_within(Duration::from_secs(4)).await;
     assert!(ended, "{evs:?}");
     let second = answer_msgs(&evs);
     assert_eq!(second.len(), 1, "{second:?}");
@@ -275,13 +185,13 @@ async fn adv25_a_cancelled_request_is_answered_once_and_its_post_stream_ends() {
     assert_eq!(post(&url, &cancel(9)).await.0, 202);
     // The POST stream ends with the proxy's answer; the operation ends after 1 s and the server
     // drops its result, and nothing more comes on either face.
-    let (evs, ended) = events_within(&mut first, Duration::from_secs(3)).await;
+    let (evs, ended) = first.events_within(Duration::from_secs(3)).await;
     assert!(ended, "the cancelled request's POST stream ends: {evs:?}");
     let answers = answer_msgs(&evs);
     assert_eq!(answers.len(), 1, "{answers:?}");
     assert_eq!(answers[0]["id"], 5, "{answers:?}");
     assert_eq!(answers[0]["error"]["code"], -32094, "{answers:?}");
-    let (legacy_evs, _) = events_within(&mut sse, Duration::from_millis(1500)).await;
+    let (legacy_evs, _) = sse.events_within(Duration::from_millis(1500)).await;
     let legacy = answer_msgs(&legacy_evs);
     assert_eq!(
         legacy.len(),
@@ -295,7 +205,7 @@ async fn adv25_a_cancelled_request_is_answered_once_and_its_post_stream_ends() {
     assert_eq!(c.post(&cancel(77)).await.status, 202);
     let r = c.post_raw(&slow("6"), &[]).await;
     assert_eq!(r.status, 200);
-    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(5)).await;
+    let (evs, ended) = r.sse().events_within(Duration::from_secs(5)).await;
     assert!(ended, "{evs:?}");
     let answers = answer_msgs(&evs);
     assert_eq!(answers.len(), 1, "{answers:?}");
@@ -380,7 +290,7 @@ async fn adv25_client_responses_with_an_in_flight_id_are_taken() {
         )
         .await;
     assert_eq!(r.status, 200);
-    let (evs, ended) = events_within(&mut r.sse(), Duration::from_secs(3)).await;
+    let (evs, ended) = r.sse().events_within(Duration::from_secs(3)).await;
     assert!(ended, "{evs:?}");
     let got = answer_msgs(&evs);
     assert_eq!(got.len(), 1, "{got:?}");
@@ -434,7 +344,7 @@ async fn adv25_a_batch_member_that_loses_the_race_is_answered_on_the_batch_strea
     assert_eq!(other.status, 200);
     let b = b.await.unwrap();
     assert_eq!(b.status, 200);
-    let (evs, ended) = events_within(&mut b.sse(), Duration::from_secs(3)).await;
+    let (evs, ended) = b.sse().events_within(Duration::from_secs(3)).await;
     assert!(ended, "{evs:?}");
     let got = answer_msgs(&evs);
     assert_eq!(got.len(), 2, "{got:?}");
@@ -442,12 +352,12 @@ async fn adv25_a_batch_member_that_loses_the_race_is_answered_on_the_batch_strea
     assert_eq!(result_text(ten), Some("ten"), "{got:?}");
     let eleven = got.iter().find(|m| m["id"] == 11).expect("11's refusal");
     assert_eq!(eleven["error"]["code"], -32600, "{eleven}");
-    let (evs, ended) = events_within(&mut other.sse(), Duration::from_secs(3)).await;
+    let (evs, ended) = other.sse().events_within(Duration::from_secs(3)).await;
     assert!(ended, "{evs:?}");
     let got = answer_msgs(&evs);
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(result_text(&got[0]), Some("other eleven"), "{got:?}");
-    let (stray, _) = events_within(&mut get, Duration::from_millis(300)).await;
+    let (stray, _) = get.events_within(Duration::from_millis(300)).await;
     assert!(answer_msgs(&stray).is_empty(), "{stray:?}");
     p.stop().await;
 }

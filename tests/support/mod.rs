@@ -472,6 +472,19 @@ pub async fn http_get(url: &str) -> (u16, String) {
     }
 }
 
+/// The raw id of a JSON-RPC answer (result or error, no method) in `data`; `None`: not an answer.
+pub fn answer_id(data: &[u8]) -> Option<String> {
+    let m = serde_json::from_slice::<
+        std::collections::BTreeMap<String, &serde_json::value::RawValue>,
+    >(data)
+    .ok()?;
+    let answer = !m.contains_key("method") && (m.contains_key("result") || m.contains_key("error"));
+    answer.then(|| {
+        m.get("id")
+            .map_or("null".to_string(), |r| r.get().to_string())
+    })
+}
+
 /// Any request → (status, headers, body).
 pub async fn request(
     method: &str,
@@ -722,6 +735,20 @@ impl Sse {
         tokio::time::timeout(d, self.next_inner())
             .await
             .map_err(|_| ())
+    }
+
+    /// The events until the stream ends or `d` passes; whether it ended.
+    pub async fn events_within(&mut self, d: Duration) -> (Vec<Ev>, bool) {
+        let deadline = tokio::time::Instant::now() + d;
+        let mut out = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match self.next_within(left).await {
+                Ok(Some(ev)) => out.push(ev),
+                Ok(None) => return (out, true),
+                Err(()) => return (out, false),
+            }
+        }
     }
 
     async fn next_inner(&mut self) -> Option<Ev> {

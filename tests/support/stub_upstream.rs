@@ -4,12 +4,33 @@
 //! to the test's [`Answerer`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::{json, value::RawValue, Value};
 
-/// What a stub upstream sends on its SSE stream for one POSTed message (its raw bytes), if
-/// anything. `initialize` is answered by the stub itself.
-pub type Answerer = Arc<dyn Fn(&[u8]) -> Option<String> + Send + Sync>;
+/// What a stub upstream does with one POSTed message: when it acknowledges the POST (`202`,
+/// connection closed), and what it then sends on its SSE stream (each line one event), after how
+/// long.
+#[derive(Default)]
+pub struct Reply {
+    pub ack_after: Duration,
+    pub send: Option<String>,
+    pub send_after: Duration,
+}
+
+impl Reply {
+    /// `send` (if any) at once.
+    pub fn now(send: Option<String>) -> Self {
+        Self {
+            send,
+            ..Self::default()
+        }
+    }
+}
+
+/// The stub's [`Reply`] to one POSTed message (its raw bytes). `initialize` is answered by the
+/// stub itself.
+pub type Answerer = Arc<dyn Fn(&[u8]) -> Reply + Send + Sync>;
 
 /// The raw text of a message's `id` (as sent, `null` included), if any.
 pub fn raw_id(body: &[u8]) -> Option<String> {
@@ -73,26 +94,29 @@ pub async fn stub_upstream(answer: Answerer) -> u16 {
                         Ok(n) => buf.extend_from_slice(&b[..n]),
                     }
                 }
-                let _ = s
-                    .write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 8\r\n\r\nAccepted")
-                    .await;
                 let body = &buf[head_end..head_end + len];
                 let Ok(msg) = serde_json::from_slice::<Value>(body) else {
                     return;
                 };
-                let out = if msg["method"] == "initialize" {
+                let reply = if msg["method"] == "initialize" {
                     let id = raw_id(body).unwrap_or_else(|| "null".into());
                     let result = json!({
                         "protocolVersion": msg["params"]["protocolVersion"],
                         "capabilities": {"tools": {}},
                         "serverInfo": {"name": "stub", "version": "0"}});
-                    Some(format!(
+                    Reply::now(Some(format!(
                         r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#
-                    ))
+                    )))
                 } else {
                     answer(body)
                 };
-                if let Some(out) = out {
+                tokio::time::sleep(reply.ack_after).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 202 Accepted\r\nconnection: close\r\ncontent-length: 8\r\n\r\nAccepted")
+                    .await;
+                drop(s);
+                tokio::time::sleep(reply.send_after).await;
+                if let Some(out) = reply.send {
                     let _ = tx.send(out);
                 }
             });
